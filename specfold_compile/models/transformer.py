@@ -1,0 +1,402 @@
+"""The decoder shared by both families: layers, RoPE, the prefix cache and the verification forward.
+
+Layout conventions (they are what the compiler passes rely on):
+* activations are ``[N, B, C]`` (branch, position in block, channels); heads are split as
+  ``[N, B, H, D]`` and never transposed, so every op before attention keeps (branch, position) as its
+  two leading dims;
+* the only op that mixes positions is ``specfold::branch_attention`` (see ``ops.py``);
+* RoPE tables are ``[B, 1, D]`` and depend on the position alone, shared by every branch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import ops
+from .config import ModelConfig
+
+_model_ids = itertools.count(1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden: int, ffn: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, ffn, bias=False)
+        self.up_proj = nn.Linear(hidden, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class AttentionProjections(nn.Module):
+    """q/k/v/o projections (named as in the checkpoints); attention itself is ``ops.branch_attention``."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        c, hd = cfg.hidden_size, cfg.head_dim
+        self.q_proj = nn.Linear(c, cfg.num_heads * hd, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(c, cfg.num_kv_heads * hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(c, cfg.num_kv_heads * hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * hd, c, bias=False)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: [..., H, D]; cos/sin broadcastable, e.g. [B, 1, D] for x of shape [N, B, H, D]."""
+    return x * cos + rotate_half(x) * sin
+
+
+def _yarn_inv_freq(dim: int, base: float, scaling: dict) -> tuple[Tensor, float]:
+    """YaRN (arXiv 2309.00071): interpolate low frequencies, keep high ones, blend with a linear ramp."""
+    factor = float(scaling["factor"])
+    orig = float(scaling["original_max_position_embeddings"])
+    beta_fast, beta_slow = float(scaling.get("beta_fast", 32.0)), float(scaling.get("beta_slow", 1.0))
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    keep = 1 - ramp  # 1 where the frequency is high enough to extrapolate unchanged
+    inv_freq = interpolation * (1 - keep) + extrapolation * keep
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = mscale(factor, m) / mscale(factor, m_all) if (m and m_all) else mscale(factor)
+    return inv_freq, float(attention_factor)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        dim = cfg.head_dim
+        if cfg.rope_scaling:
+            inv_freq, self.attention_factor = _yarn_inv_freq(dim, cfg.rope_theta, cfg.rope_scaling)
+        else:
+            inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+            self.attention_factor = 1.0
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # Follow device moves but never a dtype cast: bf16 frequencies would shift every angle.
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = inv_freq.to(device=self.inv_freq.device)
+        return self
+
+    def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """positions: int64 [S] -> cos, sin float32 [S, D]."""
+        freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
+
+
+@dataclass
+class PositionTables:
+    """Everything position-dependent a layer needs, computed once per forward and shared by all branches."""
+
+    cos: Tensor  # [S, 1, D], model dtype
+    sin: Tensor  # [S, 1, D]
+    q_scale: Tensor | None  # [S, 1, 1] (Llama-4 query scaling) or None
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm layer: h + o_proj(attn(qkv(norm(h)))), then h + mlp(norm(h)).
+
+    The attributes are named as in Qwen2/Mistral checkpoints, so the same class wraps transformers'
+    own modules in ``from_hf``.
+    """
+
+    def __init__(self, self_attn: nn.Module, mlp: nn.Module, input_layernorm: nn.Module,
+                 post_attention_layernorm: nn.Module, num_heads: int, num_kv_heads: int, head_dim: int):
+        super().__init__()
+        self.self_attn = self_attn
+        self.mlp = mlp
+        self.input_layernorm = input_layernorm
+        self.post_attention_layernorm = post_attention_layernorm
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = head_dim ** -0.5
+
+    # The three position-wise pieces, also used one by one by reference.folded_verify.
+    def qkv(self, h: Tensor, pos: PositionTables) -> tuple[Tensor, Tensor, Tensor]:
+        x = self.input_layernorm(h)
+        lead = x.shape[:-1]
+        q = self.self_attn.q_proj(x).view(*lead, self.num_heads, self.head_dim)
+        k = self.self_attn.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        v = self.self_attn.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        q = apply_rope(q, pos.cos, pos.sin)
+        k = apply_rope(k, pos.cos, pos.sin)
+        if pos.q_scale is not None:
+            q = q * pos.q_scale
+        return q, k, v
+
+    def attn_out(self, o: Tensor) -> Tensor:
+        return self.self_attn.o_proj(o.reshape(*o.shape[:-2], self.num_heads * self.head_dim))
+
+    def mlp_out(self, h_mid: Tensor) -> Tensor:
+        return self.mlp(self.post_attention_layernorm(h_mid))
+
+    def forward(self, h: Tensor, pos: PositionTables, k_pre: Tensor, v_pre: Tensor) -> Tensor:
+        q, k, v = self.qkv(h, pos)
+        o = ops.branch_attention(q, k, v, k_pre, v_pre, self.scale)
+        h = h + self.attn_out(o)
+        return h + self.mlp_out(h)
+
+
+class Backbone(nn.Module):
+    """embed_tokens / layers / norm, named as in Qwen2 (``model.*``) and NLD (``encoder.*``) checkpoints."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(AttentionProjections(cfg), MLP(cfg.hidden_size, cfg.intermediate_size),
+                         RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), RMSNorm(cfg.hidden_size, cfg.rms_norm_eps),
+                         cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+            for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+@dataclass
+class PrefixCache:
+    """The shared prefix K/V: one copy per layer, ``[Hkv, P, D]``, read by every branch through views.
+
+    ``next_logits`` ([V]) predicts the token right after the prefix (the next block's seed).
+    """
+
+    keys: list[Tensor]
+    values: list[Tensor]
+    next_logits: Tensor | None
+    owner: int
+
+    @property
+    def length(self) -> int:
+        return int(self.keys[0].shape[1]) if self.keys else 0
+
+
+class BlockDiffusionLM(nn.Module):
+    """Shared forward of both families; subclasses own the modules and checkpoint names.
+
+    Subclasses provide ``backbone`` (a ``Backbone``: embed_tokens, layers, norm), ``rotary`` (callable
+    positions -> (cos, sin) [S, D]) and ``head(h)``; the checkpoint names follow from where they live.
+    """
+
+    config: ModelConfig
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model_uid = next(_model_ids)
+
+    # --- pieces -------------------------------------------------------------------------------
+    backbone: "Backbone"
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        return self.backbone.embed_tokens
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.backbone.layers
+
+    @property
+    def norm(self) -> nn.Module:
+        return self.backbone.norm
+
+    def head(self, h: Tensor) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def _param_dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def position_tables(self, positions: Tensor) -> PositionTables:
+        cos, sin = self.rotary(positions)
+        dtype = self._param_dtype
+        q_scale = None
+        cfg = self.config
+        if cfg.llama4_scaling_beta is not None:
+            scale = 1 + cfg.llama4_scaling_beta * torch.log1p(
+                torch.floor(positions.float() / cfg.llama4_original_max_position))
+            q_scale = scale.to(dtype)[:, None, None]
+        return PositionTables(cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :], q_scale)
+
+    def shift(self, logits: Tensor) -> Tensor:
+        """Fast-dLLM v2: position p reads the logit computed at p-1; position 0 reads its own."""
+        if not self.config.shift_logits:
+            return logits
+        return torch.cat((logits[..., :1, :], logits[..., :-1, :]), dim=-2)
+
+    # --- the verification forward ----------------------------------------------------------------
+    def forward(self, tokens: Tensor, parents: Tensor, cache: PrefixCache) -> Tensor:
+        """Multi-branch verification: tokens int64 [N, B] (row 0 main), parents int64 [N] -> logits [N, B, V].
+
+        Each row attends to the shared prefix cache and bidirectionally to its own row. The family's
+        logit shift is applied (``shift_logits``): logits[n, p] is always the distribution of position p.
+        """
+        self.check_inputs(tokens, parents, cache)
+        n_rows, block = tokens.shape
+        h = self.embed_tokens(tokens)
+        h = ops.mark_branches(h, parents)
+        prefix_len = cache.keys[0].shape[1]
+        positions = torch.arange(block, device=tokens.device) + prefix_len
+        pos = self.position_tables(positions)
+        for layer, k_pre, v_pre in zip(self.layers, cache.keys, cache.values):
+            h = layer(h, pos, k_pre, v_pre)
+        return self.shift(self.head(self.norm(h)))
+
+    def check_inputs(self, tokens: Tensor, parents: Tensor, cache: PrefixCache) -> None:
+        """Shape checks always; data checks (token range, parent order) in eager mode only, since they
+        read values back to the host, which a compiled, graph-captured forward must not do."""
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.int64:
+            raise TypeError(f"tokens: expected an int64 tensor [N, B], got "
+                            f"{getattr(tokens, 'dtype', type(tokens))} of shape {tuple(getattr(tokens, 'shape', ()))}")
+        if not isinstance(parents, Tensor) or parents.dim() != 1 or parents.dtype != torch.int64:
+            raise TypeError(f"parents: expected an int64 tensor [N], got {getattr(parents, 'dtype', type(parents))}")
+        if parents.shape[0] != tokens.shape[0]:
+            raise ValueError(f"parents: expected length N={tokens.shape[0]} (rows of tokens), got {parents.shape[0]}")
+        if not isinstance(cache, PrefixCache):
+            raise TypeError(f"cache: expected a PrefixCache from model.prefill, got {type(cache).__name__}")
+        if cache.owner != self.model_uid:
+            raise ValueError("cache: this prefix cache was built by another model")
+        if len(cache.keys) != len(self.layers) or len(cache.values) != len(self.layers):
+            raise ValueError(f"cache: expected {len(self.layers)} layers, got {len(cache.keys)}")
+        if cache.length + tokens.shape[1] > self.config.max_position_embeddings:
+            raise ValueError(f"cache: prefix length {cache.length} + block {tokens.shape[1]} exceeds "
+                             f"max_position_embeddings={self.config.max_position_embeddings}")
+        if torch.compiler.is_compiling():
+            return
+        validate_parents(parents)
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size):
+            raise ValueError(f"tokens: ids must lie in [0, {self.config.vocab_size}), got "
+                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+
+    # --- sequence passes: prefill, block writes, training ---------------------------------------
+    def _sequence(self, ids: Tensor, positions: Tensor, allowed: Tensor,
+                  cache: PrefixCache | None) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """Plain transformer over ids [b, S]; allowed: bool [b or 1, S, P+S] (True = may attend).
+
+        Returns the final hidden states [b, S, C] and per-layer K/V [Hkv, P+S, D] (for b = 1).
+        """
+        h = self.embed_tokens(ids)
+        pos = self.position_tables(positions)
+        keys, values = [], []
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.qkv(h, pos)  # [b, S, H, D]
+            if cache is not None:
+                k_all = torch.cat((cache.keys[i].transpose(0, 1).unsqueeze(0), k), dim=1)
+                v_all = torch.cat((cache.values[i].transpose(0, 1).unsqueeze(0), v), dim=1)
+            else:
+                k_all, v_all = k, v
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k_all.transpose(1, 2), v_all.transpose(1, 2), attn_mask=allowed[:, None],
+                scale=layer.scale, enable_gqa=True).transpose(1, 2)
+            h = h + layer.attn_out(o)
+            h = h + layer.mlp_out(h)
+            keys.append(k_all[0].transpose(0, 1).contiguous())
+            values.append(v_all[0].transpose(0, 1).contiguous())
+        return self.norm(h), keys, values
+
+    def forward_sequence(self, ids: Tensor, positions: Tensor, attn_mask: Tensor) -> Tensor:
+        """Training/analysis forward: ids [b, S], positions [S], attn_mask bool [S, S] or [b, S, S]
+        (True = may attend). Returns raw logits [b, S, V] (no shift)."""
+        mask = attn_mask if attn_mask.dim() == 3 else attn_mask[None]
+        h, _, _ = self._sequence(ids, positions, mask, None)
+        return self.head(h)
+
+    def empty_cache(self, device: torch.device | str | None = None) -> PrefixCache:
+        cfg = self.config
+        device = device or self.embed_tokens.weight.device
+        empty = [torch.empty(cfg.num_kv_heads, 0, cfg.head_dim, dtype=self._param_dtype, device=device)
+                 for _ in range(cfg.num_layers)]
+        return PrefixCache(empty, [t.clone() for t in empty], None, self.model_uid)
+
+    @torch.no_grad()
+    def prefill(self, prompt_ids: Tensor) -> PrefixCache:
+        """Causal pass over a prompt (1-D int64); the last position's logits predict the next token."""
+        if not isinstance(prompt_ids, Tensor) or prompt_ids.dim() != 1 or prompt_ids.dtype != torch.int64:
+            raise TypeError("prompt_ids: expected a 1-D int64 tensor")
+        if prompt_ids.numel() == 0:
+            raise ValueError("prompt_ids: expected at least one token")
+        if int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= self.config.vocab_size:
+            raise ValueError(f"prompt_ids: ids must lie in [0, {self.config.vocab_size})")
+        return self.write_block(self.empty_cache(prompt_ids.device), prompt_ids, causal=True)
+
+    @torch.no_grad()
+    def write_block(self, cache: PrefixCache, block_tokens: Tensor, causal: bool | None = None) -> PrefixCache:
+        """Append a finished block to the prefix cache (returns a new cache).
+
+        Fast-dLLM v2 writes the block attending bidirectionally to itself; NLD writes it causally.
+        The last position's logits become ``next_logits`` (the next block's seed).
+        """
+        if not isinstance(block_tokens, Tensor) or block_tokens.dim() != 1 or block_tokens.dtype != torch.int64:
+            raise TypeError("block_tokens: expected a 1-D int64 tensor")
+        if cache.owner != self.model_uid:
+            raise ValueError("cache: this prefix cache was built by another model")
+        if causal is None:
+            causal = self.config.family == "nld"
+        s, p = block_tokens.shape[0], cache.length
+        device = block_tokens.device
+        allowed = torch.ones(s, p + s, dtype=torch.bool, device=device)
+        if causal:
+            allowed[:, p:] = torch.ones(s, s, dtype=torch.bool, device=device).tril()
+        positions = torch.arange(p, p + s, device=device)
+        h, keys, values = self._sequence(block_tokens[None], positions, allowed[None], cache)
+        next_logits = self.head(h[0, -1])
+        return PrefixCache(keys, values, next_logits, self.model_uid)
+
+
+def validate_parents(parents: Tensor) -> None:
+    """parents[0] == -1 and 0 <= parents[n] < n for n >= 1 (rows in topological order)."""
+    values = parents.tolist()
+    if not values:
+        raise ValueError("parents: expected at least one row (the main branch)")
+    if values[0] != -1:
+        raise ValueError(f"parents: parents[0] must be -1 (row 0 is the main branch), got {values[0]}")
+    for n, p in enumerate(values[1:], start=1):
+        if not 0 <= p < n:
+            raise ValueError(f"parents: parents[{n}] must lie in [0, {n}) (rows in topological order), got {p}")
+
+
+def init_weights(module: nn.Module, std: float, generator: torch.Generator) -> None:
+    """Seeded init: normal(0, std) for matrices and embeddings, ones for norms, zeros for biases."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:  # biases too: random, so tests exercise them
+                p.normal_(0.0, std, generator=generator)
