@@ -1,0 +1,101 @@
+"""The ``specfold`` torch.compile backend.
+
+Registered through the ``torch_dynamo_backends`` entry point (pyproject.toml), so
+``torch.compile(model, backend="specfold", options={...})`` works without importing this package.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.fx import GraphModule
+
+from .. import passes
+from .settings import SpecFoldSettings
+from .stats import FoldStats, collect_stats
+
+log = logging.getLogger("specfold_compile")
+
+__all__ = ["specfold_backend", "compile_graph", "SpecFoldSettings", "SpecFoldError", "collect_stats", "FoldStats"]
+
+
+class SpecFoldError(RuntimeError):
+    """Raised in strict mode when a verification graph cannot be folded."""
+
+    def __init__(self, blockers: list) -> None:
+        self.blockers = list(blockers)
+        super().__init__("specfold cannot fold this graph:\n  " + "\n  ".join(str(b) for b in self.blockers))
+
+
+class _Dumper:
+    def __init__(self, dump_dir: str | None) -> None:
+        self.dir = Path(dump_dir) if dump_dir else None
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.graph_id = sum(1 for _ in self.dir.glob("*_find_regions_before.py"))
+
+    def graph(self, step: int, name: str, when: str, gm: GraphModule) -> None:
+        if self.dir is not None:
+            prefix = f"g{self.graph_id}_" if self.graph_id else ""
+            (self.dir / f"{prefix}{step:02d}_{name}_{when}.py").write_text(gm.print_readable(print_output=False))
+
+    def report(self, text: str) -> None:
+        if self.dir is not None:
+            prefix = f"g{self.graph_id}_" if self.graph_id else ""
+            (self.dir / f"{prefix}regions.txt").write_text(text)
+
+
+def region_report(gm: GraphModule, settings: SpecFoldSettings) -> str:
+    a = gm.meta.get("specfold")
+    lines = [f"specfold region report ({settings})"]
+    if a is None:
+        return "\n".join(lines + ["(no analysis)"])
+    if a.skip_reason:
+        lines.append(f"not rewritten: {a.skip_reason}")
+    lines.append(f"decoder layers found: {len(a.layers)}")
+    for layer in a.layers:
+        lines.append(f"  layer {layer.index} ({layer.name}): {len(layer.pre_attention)} pre-attention ops, "
+                     f"{len(layer.mlp)} MLP ops; rewritten: {', '.join(layer.rewritten) or 'nothing'}")
+    for b in a.blockers:
+        lines.append(f"blocker: {b}")
+    for note in a.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines) + "\n"
+
+
+def compile_graph(gm: GraphModule, settings: SpecFoldSettings) -> GraphModule:
+    """Run the pass pipeline on a Dynamo graph; returns the graph module to execute."""
+    dumper = _Dumper(settings.dump_dir)
+    pipeline = list(passes.PIPELINE)
+    if not settings.fold:
+        pipeline = [p for p in pipeline if p[0] in ("find_regions", "strip_marker")]
+    if not settings.attention_correction:
+        pipeline = [p for p in pipeline if p[0] != "fold_attention"]
+    for step, (name, fn) in enumerate(pipeline):
+        dumper.graph(step, name, "before", gm)
+        gm = fn(gm, settings)
+        dumper.graph(step, name, "after", gm)
+        if name == "find_regions":
+            analysis = gm.meta["specfold"]
+            if analysis.skip_reason:
+                log.debug("specfold: graph left unchanged: %s", analysis.skip_reason)
+            elif analysis.blockers:
+                if settings.strict:
+                    dumper.report(region_report(gm, settings))
+                    raise SpecFoldError(analysis.blockers)
+                warnings.warn("specfold: running this graph unchanged (no folding) because of:\n  "
+                              + "\n  ".join(str(b) for b in analysis.blockers), stacklevel=2)
+    dumper.report(region_report(gm, settings))
+    return gm
+
+
+def specfold_backend(gm: GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None,
+                     mode: str | None = None, **unused: Any) -> Callable:
+    """torch.compile backend entry point (``backend="specfold"``)."""
+    settings = SpecFoldSettings.from_options(options)
+    return compile_graph(gm, settings).forward

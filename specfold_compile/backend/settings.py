@@ -1,0 +1,63 @@
+"""Backend settings: ``torch.compile(model, backend="specfold", options={...})``."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+GATES = ("layer", "sublayer")
+KERNELS = ("auto", "torch", "triton")
+
+
+@dataclass(frozen=True)
+class SpecFoldSettings:
+    """Every option, with its default.
+
+    tau:                  fold threshold of the residual gate (SPEC section 2); 0 folds nothing.
+    gate:                 "layer" (one gate per decoder layer) or "sublayer" (re-gate the MLP at h_mid).
+    kernels:              "auto" (Triton on CUDA when available, else torch), "torch" (reference custom
+                          ops) or "triton" (generated kernels; on CPU only under TRITON_INTERPRET=1).
+    strict:               raise ``SpecFoldError`` instead of falling back to the unchanged graph.
+    dump_dir:             write the graph before/after every pass and a region report here
+                          (default: the SPECFOLD_DUMP_DIR environment variable, else no dumps).
+    fold:                 switch: gate and fold at all (off = the dense graph, marker removed).
+    pack:                 switch: run position-wise layers on the computed rows only (off = compute
+                          every row, then read origins; same results).
+    attention_correction: switch: reuse the origin's prefix attention state and merge the branch's own
+                          block (off = full attention per row with the inherited q/k/v; same results).
+    """
+
+    tau: float = 0.1
+    gate: str = "layer"
+    kernels: str = "auto"
+    strict: bool = False
+    dump_dir: str | None = None
+    fold: bool = True
+    pack: bool = True
+    attention_correction: bool = True
+
+    def __post_init__(self) -> None:
+        tau = float(self.tau)
+        if math.isnan(tau) or tau < 0:
+            raise ValueError(f"options['tau']: expected a number >= 0, got {self.tau!r}")
+        object.__setattr__(self, "tau", tau)
+        if self.gate not in GATES:
+            raise ValueError(f"options['gate']: expected one of {GATES}, got {self.gate!r}")
+        if self.kernels not in KERNELS:
+            raise ValueError(f"options['kernels']: expected one of {KERNELS}, got {self.kernels!r}")
+        for name in ("strict", "fold", "pack", "attention_correction"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"options[{name!r}]: expected a bool, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any] | None) -> "SpecFoldSettings":
+        options = dict(options or {})
+        valid = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise ValueError(f"options: unknown option(s) {unknown}; valid options: {valid}")
+        options.setdefault("dump_dir", os.environ.get("SPECFOLD_DUMP_DIR") or None)
+        return cls(**options)

@@ -1,0 +1,117 @@
+"""``with collect_stats() as s: compiled(tokens, parents, cache)``: what the folded graph really did.
+
+The gate op reports its outputs here when a collector is active. Recording keeps device tensors and
+reads nothing back during the call; numbers are computed when a property is read. (A CUDA-graph
+replay runs no Python, so replays are not recorded.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from torch import Tensor
+
+_active: list["FoldStats"] = []
+
+
+@dataclass
+class LayerStats:
+    """Per gate (one per layer; two with gate="sublayer"), summed over the calls seen."""
+
+    computed_draft_rows: int = 0
+    draft_rows: int = 0
+    folded_rows: int = 0
+    chain_lengths: dict[int, int] = field(default_factory=dict)  # fold-chain length -> folded rows
+
+    @property
+    def recompute_ratio(self) -> float:
+        return self.computed_draft_rows / self.draft_rows if self.draft_rows else float("nan")
+
+
+class FoldStats:
+    def __init__(self) -> None:
+        self._pending: list[tuple[int, Tensor, Tensor]] = []
+        self._layers: list[LayerStats] = []
+        self._last_masks: list[Tensor] = []
+        self.calls = 0
+
+    def _record(self, gate_index: int, fold: Tensor, parents: Tensor) -> None:
+        if gate_index == 0:
+            self.calls += 1
+            self._last_masks = []
+        self._pending.append((gate_index, fold.detach().clone(), parents.detach().clone()))
+        self._last_masks.append(self._pending[-1][1])
+
+    def _flush(self) -> None:
+        for gate_index, fold, parents in self._pending:
+            while len(self._layers) <= gate_index:
+                self._layers.append(LayerStats())
+            st = self._layers[gate_index]
+            fold = fold.cpu()
+            n_rows, block = fold.shape
+            st.draft_rows += (n_rows - 1) * block
+            st.folded_rows += int(fold.sum())
+            st.computed_draft_rows += (n_rows - 1) * block - int(fold.sum())
+            for length, count in _chain_lengths(fold, parents.cpu()).items():
+                st.chain_lengths[length] = st.chain_lengths.get(length, 0) + count
+        self._pending.clear()
+
+    @property
+    def layers(self) -> list[LayerStats]:
+        self._flush()
+        return self._layers
+
+    @property
+    def recompute_ratio(self) -> float:
+        """Computed draft rows / all draft rows, over every layer (and call)."""
+        layers = self.layers
+        total = sum(s.draft_rows for s in layers)
+        return sum(s.computed_draft_rows for s in layers) / total if total else float("nan")
+
+    @property
+    def folded_rows(self) -> int:
+        return sum(s.folded_rows for s in self.layers)
+
+    @property
+    def chain_lengths(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for s in self.layers:
+            for k, v in s.chain_lengths.items():
+                out[k] = out.get(k, 0) + v
+        return dict(sorted(out.items()))
+
+    @property
+    def fold_masks(self) -> list[Tensor]:
+        """The per-gate bool [N, B] masks of the last call."""
+        return list(self._last_masks)
+
+
+def _chain_lengths(fold: Tensor, parents: Tensor) -> dict[int, int]:
+    """Length of each folded row's chain to its computed origin (1 = folded onto a computed parent)."""
+    n_rows, _ = fold.shape
+    depth = torch.zeros_like(fold, dtype=torch.int64)
+    for n in range(1, n_rows):
+        p = int(parents[n])
+        depth[n] = torch.where(fold[n], depth[p] + 1, torch.zeros_like(depth[n]))
+    lengths = depth[fold]
+    values, counts = torch.unique(lengths, return_counts=True)
+    return {int(v): int(c) for v, c in zip(values, counts)}
+
+
+def record_gate(gate_index: int, fold: Tensor, origin: Tensor, parents: Tensor) -> None:
+    if _active and not torch.compiler.is_compiling():
+        for s in _active:
+            s._record(gate_index, fold, parents)
+
+
+@contextlib.contextmanager
+def collect_stats() -> Iterator[FoldStats]:
+    s = FoldStats()
+    _active.append(s)
+    try:
+        yield s
+    finally:
+        _active.remove(s)

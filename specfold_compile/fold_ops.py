@@ -1,0 +1,138 @@
+"""The ops a rewritten (folded) graph calls: gate, packing helpers, folded attention, packed linear.
+
+Each is a ``torch.library.custom_op`` with a fake implementation, so the rewritten graph can be traced
+again. ``impl="torch"`` runs the readable references of ``kernels/*_ref.py``; ``impl="triton"`` runs
+the generated Triton kernels, which never read a value back to the host.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .kernels.attention_ref import block_attention_ref, prefix_attention_ref
+from .kernels.gate_ref import fold_gate_ref
+from .kernels.packed_linear_ref import packed_linear_ref
+
+IMPLS = ("torch", "triton")
+
+
+def _kernels():
+    from . import kernels
+
+    if not kernels.triton_available():
+        raise RuntimeError("kernels='triton' needs triton (and a GPU, or TRITON_INTERPRET=1)")
+    return kernels
+
+
+# --- gate + origin + compaction ------------------------------------------------------------------
+
+@torch.library.custom_op("specfold::fold_gate", mutates_args=())
+def fold_gate(h: Tensor, parents: Tensor, tau: Tensor, gate_index: int, pack: bool, impl: str
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """h [N, B, C] -> (fold_mask [N,B] bool, origin [N,B], rows [N*B], count [], slot [N,B]) (int64).
+
+    ``rows[:count]`` are the computed rows (flat n*B+b, ascending), ``slot[n,b]`` indexes ``rows`` at the
+    origin of (n, b). With ``pack=False`` every row is "computed" for the position-wise ops
+    (rows = arange, count = N*B) and ``slot = origin``: same results, no savings (a bisection switch).
+    """
+    if impl == "triton":
+        fold, origin, rows, count, slot = _kernels().fold_gate(h, parents, tau)
+    else:
+        fold, origin, rows, count, slot = fold_gate_ref(h, parents, tau)
+    if not pack:
+        n_flat = h.shape[0] * h.shape[1]
+        rows = torch.arange(n_flat, device=h.device, dtype=torch.int64)
+        count = torch.full((), n_flat, device=h.device, dtype=torch.int64)
+        slot = origin.clone()
+    from .backend import stats
+
+    stats.record_gate(gate_index, fold, origin, parents)
+    return fold, origin, rows, count, slot
+
+
+@fold_gate.register_fake
+def _fold_gate_fake(h, parents, tau, gate_index, pack, impl):
+    n, b = h.shape[0], h.shape[1]
+    mask = h.new_empty((n, b), dtype=torch.bool)
+    idx = h.new_empty((n, b), dtype=torch.int64)
+    return mask, idx, h.new_empty((n * b,), dtype=torch.int64), h.new_empty((), dtype=torch.int64), idx.clone()
+
+
+# --- packing (plain torch: one gather each, no host sync) ----------------------------------------
+
+def pack_rows(x: Tensor, rows: Tensor) -> Tensor:
+    """[N, B, ...] -> [R, 1, ...]: the rows ``rows`` (flat n*B+b), each as a branch of one position."""
+    return x.flatten(0, 1).index_select(0, rows).unsqueeze(1)
+
+
+def unpack_rows(x_p: Tensor, slot: Tensor) -> Tensor:
+    """[R, 1, ...] -> [N, B, ...]: every (n, b) reads its origin's packed row (no copy of the parent's
+    tensors beyond this gather)."""
+    n, b = slot.shape
+    return x_p.squeeze(1).index_select(0, slot.flatten()).unflatten(0, (n, b))
+
+
+def pack_external(t: Tensor, out_rank: int, n_dim: int, b_dim: int, rows: Tensor,
+                  block: int) -> Tensor:
+    """Pack a tensor from outside a region (e.g. RoPE tables [B, 1, D]) that broadcasts against a
+    region tensor of rank ``out_rank`` whose branch/position dims are ``n_dim``/``b_dim``."""
+    t = t.reshape((1,) * (out_rank - t.dim()) + tuple(t.shape))
+    n_idx = rows // block if t.shape[n_dim] != 1 else torch.zeros_like(rows)
+    b_idx = rows % block if t.shape[b_dim] != 1 else torch.zeros_like(rows)
+    packed = t.movedim((n_dim, b_dim), (0, 1))[n_idx, b_idx].unsqueeze(1)  # [R, 1, ...]
+    return packed.movedim((0, 1), (n_dim, b_dim))
+
+
+# --- folded attention ------------------------------------------------------------------------------
+
+@torch.library.custom_op("specfold::folded_attention", mutates_args=())
+def folded_attention(q_p: Tensor, k_p: Tensor, v_p: Tensor, k_pre: Tensor, v_pre: Tensor, slot: Tensor,
+                     count: Tensor, scale: float, impl: str) -> Tensor:
+    """Packed q/k/v [R, 1, H, D] -> attention output [N, B, Hq, D] for every row.
+
+    The prefix state (o, lse) is computed once per computed row; each (n, b) merges the prefix state of
+    its origin with its attention over its own branch's block keys (read through ``slot``).
+    """
+    q, k, v = q_p.squeeze(1), k_p.squeeze(1), v_p.squeeze(1)
+    if impl == "triton":
+        kernels = _kernels()
+        o_pre, lse_pre = kernels.prefix_attention(q, k_pre, v_pre, scale, count)
+        return kernels.block_attention(q, k, v, slot, o_pre, lse_pre, scale)
+    n_computed = int(count)  # the reference may read the count; the Triton path never does
+    o_pre, lse_pre = prefix_attention_ref(q[:n_computed], k_pre, v_pre, scale)
+    pad = q.shape[0] - n_computed
+    if pad:
+        o_pre = torch.cat((o_pre, o_pre.new_zeros((pad,) + o_pre.shape[1:])))
+        lse_pre = torch.cat((lse_pre, lse_pre.new_full((pad,) + lse_pre.shape[1:], float("-inf"))))
+    return block_attention_ref(q, k, v, slot, o_pre, lse_pre, scale)
+
+
+@folded_attention.register_fake
+def _folded_attention_fake(q_p, k_p, v_p, k_pre, v_pre, slot, count, scale, impl):
+    n, b = slot.shape
+    return q_p.new_empty((n, b, q_p.shape[-2], q_p.shape[-1]))
+
+
+# --- packed linear -------------------------------------------------------------------------------
+
+@torch.library.custom_op("specfold::packed_linear", mutates_args=())
+def packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None, count: Tensor, impl: str) -> Tensor:
+    """``F.linear`` on the first ``count`` packed rows; the work shrinks with the recompute ratio."""
+    if impl == "triton":
+        return _kernels().packed_linear(x, weight, bias, count)
+    n_computed = int(count)  # the reference may read the count; the Triton path never does
+    y = x.new_zeros(tuple(x.shape[:-1]) + (weight.shape[0],))
+    y[:n_computed] = packed_linear_ref(x[:n_computed], weight, bias)
+    return y
+
+
+@packed_linear.register_fake
+def _packed_linear_fake(x, weight, bias, count, impl):
+    return x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],))
+
+
+# Graph targets (OpOverloads) used by the passes.
+FOLD_GATE = torch.ops.specfold.fold_gate.default
+FOLDED_ATTENTION = torch.ops.specfold.folded_attention.default
+PACKED_LINEAR = torch.ops.specfold.packed_linear.default

@@ -1,0 +1,356 @@
+"""Pass 1 (analysis): find the branch marker, follow the residual stream, split it into decoder layers.
+
+For every layer it records the residual input ``h_in``, the attention node, the two residual adds
+(``h_mid = h_in + attn``, ``h_out = h_mid + mlp``) and the two position-wise regions that folding
+packs: the pre-attention region (``h_in`` -> q, k, v) and the MLP region (``h_mid`` -> the MLP
+output). Every op in them is checked against ``ops_table``; anything that is not position-wise, or a
+region value used outside its region, becomes a typed ``Blocker``. The graph is not changed; the result
+is stored in ``gm.meta["specfold"]``.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.fx import GraphModule, Node
+
+from . import ops_table as T
+
+
+@dataclass
+class Blocker:
+    kind: str  # unsupported_op | escaping_value | layout | no_residual | no_layers | multiple_markers
+    detail: str
+    layer: int | None = None
+    node: str | None = None
+
+    def __str__(self) -> str:
+        where = f"layer {self.layer}" if self.layer is not None else "graph"
+        at = f" at node {self.node!r}" if self.node else ""
+        return f"[{self.kind}] {where}{at}: {self.detail}"
+
+
+@dataclass
+class LayerRegion:
+    index: int
+    name: str
+    h_in: Node
+    attention: Node
+    h_mid: Node
+    h_out: Node
+    mlp_out: Node
+    pre_attention: list[Node]
+    mlp: list[Node]
+    # Filled by later passes.
+    gates: list[Node] = field(default_factory=list)  # fold_gate nodes (1 per layer, 2 with gate="sublayer")
+    plans: list[dict[str, Node]] = field(default_factory=list)  # rows/count/slot per gate
+    packed_linears: list[tuple[Node, dict[str, Node]]] = field(default_factory=list)  # (linear, its plan)
+    rewritten: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Analysis:
+    marker: Node | None = None
+    parents: Node | None = None
+    layers: list[LayerRegion] = field(default_factory=list)
+    blockers: list[Blocker] = field(default_factory=list)
+    skip_reason: str | None = None  # set when the graph is not a verification pass at all
+    tau: Node | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def foldable(self) -> bool:
+        return self.skip_reason is None and not self.blockers and bool(self.layers)
+
+
+def _descendants(start: Node) -> set[Node]:
+    seen: set[Node] = set()
+    todo = deque(start.users)
+    while todo:
+        n = todo.popleft()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(n.users)
+    return seen
+
+
+def _ancestors(starts: list[Node], stop: set[Node] | None = None) -> set[Node]:
+    seen: set[Node] = set()
+    todo = deque(starts)
+    while todo:
+        n = todo.popleft()
+        if n in seen:
+            continue
+        seen.add(n)
+        if stop and n in stop:
+            continue
+        todo.extend(n.all_input_nodes)
+    return seen
+
+
+def _shape(node: Any) -> tuple | None:
+    if not isinstance(node, Node):
+        return None
+    v = node.meta.get("example_value", node.meta.get("val"))
+    return tuple(v.shape) if isinstance(v, torch.Tensor) else None
+
+
+def _norm_dim(d: int, rank: int) -> int:
+    return d + rank if d < 0 else d
+
+
+def _dims_arg(node: Node, pos: int, name: str) -> Any:
+    if len(node.args) > pos:
+        return node.args[pos]
+    return node.kwargs.get(name)
+
+
+def check_region_node(node: Node, region: set[Node]) -> str | None:
+    """None when ``node`` is position-wise with (branch, position) leading; else the reason."""
+    t = node.target
+    if node.op == "call_method":
+        if t in T.ELEMENTWISE_METHODS:
+            return _check_elementwise(node, region)
+        if t in T.CAST_METHODS:
+            return None
+        if t in T.REDUCTION_METHODS:
+            return _check_reduction(node)
+        if t in T.VIEW_METHODS:
+            return _check_view(node)
+        if t in T.DIM_METHODS:
+            return _check_dim_op(node)
+        if t in T.SIZE_METHODS:
+            return _check_size(node, region)
+        return f"method Tensor.{t} is not known to be position-wise"
+    if node.op == "call_function":
+        if t in T.ELEMENTWISE_FUNCTIONS:
+            return _check_elementwise(node, region)
+        if t in T.LINEAR_FUNCTIONS:
+            return None
+        if t in T.REDUCTION_FUNCTIONS:
+            return _check_reduction(node)
+        if t in T.VIEW_FUNCTIONS:
+            return _check_view(node)
+        if t in T.DIM_FUNCTIONS:
+            return _check_dim_op(node)
+        if t in T.CAT_FUNCTIONS:
+            shape = _shape(node)
+            dim = _dims_arg(node, 1, "dim") or 0
+            return None if shape and _norm_dim(dim, len(shape)) >= 2 else "cat along the branch/position dims"
+        if t is operator.getitem:
+            return _check_getitem(node)
+        if t in T.SIZE_FUNCTIONS:
+            return _check_size(node, region)
+        if t is T.BRANCH_ATTENTION or t in T.KNOWN_MIXING:
+            return f"{T.target_name(node)} mixes positions inside a position-wise region"
+        return f"{T.target_name(node)} is not known to be position-wise"
+    return f"{node.op} node inside a region"
+
+
+def _check_elementwise(node: Node, region: set[Node]) -> str | None:
+    out = _shape(node)
+    if out is None:
+        return "elementwise op of unknown shape"
+    for arg in node.all_input_nodes:
+        if arg in region and (_shape(arg) is None or len(_shape(arg)) != len(out)):
+            return "elementwise op broadcasts a region value to a higher rank"
+    return None
+
+
+def _check_reduction(node: Node) -> str | None:
+    shape = _shape(node.args[0])
+    dim = _dims_arg(node, 1, "dim")
+    if shape is None or dim is None:
+        return "reduction over all dims (needs an explicit trailing dim)"
+    dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+    if any(_norm_dim(d, len(shape)) < 2 for d in dims):
+        return "reduction over the branch/position dims"
+    return None
+
+
+def _view_shape_args(node: Node) -> list:
+    args = list(node.args[1:])
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        return list(args[0])
+    if not args and "shape" in node.kwargs:
+        return list(node.kwargs["shape"])
+    return args
+
+
+def _check_view(node: Node) -> str | None:
+    src, out = _shape(node.args[0]), _shape(node)
+    if src is None or out is None or len(src) < 2 or len(out) < 2:
+        return "view of unknown shape"
+    if str(src[0]) != str(out[0]) or str(src[1]) != str(out[1]):
+        return "view/reshape changes the branch/position dims"
+    if len(_view_shape_args(node)) != len(out):
+        return "view/reshape with an unexpected shape argument"
+    return None
+
+
+def _check_dim_op(node: Node) -> str | None:
+    src, out = _shape(node.args[0]), _shape(node)
+    if src is None or out is None or len(src) < 2 or len(out) < 2:
+        return "dim op of unknown shape"
+    name = node.target if isinstance(node.target, str) else node.target.__name__
+    args = node.args[1:]
+    if name in ("transpose", "movedim"):
+        ds = [_norm_dim(d, len(src)) for d in args[:2]] if name == "transpose" else []
+        if name == "movedim":
+            return "movedim is not supported in a region"
+        return None if min(ds) >= 2 else "transpose moves the branch/position dims"
+    if name == "permute":
+        perm = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+        perm = [_norm_dim(d, len(src)) for d in perm]
+        return None if perm[:2] == [0, 1] else "permute moves the branch/position dims"
+    if name == "unsqueeze":
+        return None if _norm_dim(args[0], len(out)) >= 2 else "unsqueeze before the branch/position dims"
+    if name == "squeeze":
+        if not args:
+            return "squeeze of every dim"
+        ds = args[0] if isinstance(args[0], (tuple, list)) else (args[0],)
+        return None if all(_norm_dim(d, len(src)) >= 2 for d in ds) else "squeeze of the branch/position dims"
+    if name == "flatten":
+        start = args[0] if args else node.kwargs.get("start_dim", 0)
+        return None if _norm_dim(start, len(src)) >= 2 else "flatten of the branch/position dims"
+    if name == "unflatten":
+        return None if _norm_dim(args[0], len(src)) >= 2 else "unflatten of the branch/position dims"
+    return f"{name} is not supported in a region"
+
+
+def _check_getitem(node: Node) -> str | None:
+    src = _shape(node.args[0])
+    if src is None:
+        return None if not isinstance(node.args[0], Node) or _shape(node) is None else "indexing of unknown shape"
+    index = node.args[1]
+    index = index if isinstance(index, tuple) else (index,)
+    if index and index[0] is Ellipsis:
+        explicit = sum(1 for i in index[1:] if i is not None)
+        return None if len(src) - explicit >= 2 and all(i is not None for i in index[1:]) else \
+            "indexing touches the branch/position dims"
+    lead = list(index[:2]) + [slice(None)] * (2 - len(index[:2]))
+    if all(isinstance(i, slice) and i == slice(None) for i in lead):
+        return None
+    return "indexing touches the branch/position dims"
+
+
+def _check_size(node: Node, region: set[Node]) -> str | None:
+    # A size read from a region tensor is only safe as the (overridden) leading view arguments.
+    for user in node.users:
+        if user not in region or not (user.target in T.VIEW_METHODS or user.target in T.VIEW_FUNCTIONS):
+            return "size of a region tensor used outside a view"
+    return None
+
+
+def _layer_name(node: Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "?"
+    path = list(stack.values())[-1][0]
+    return str(path).replace("L['self'].", "").replace("L['self']", "")
+
+
+def _is_residual_add(node: Node, h: Node) -> Node | None:
+    """If ``node`` is ``h + x`` (either order), return x."""
+    if node.op != "call_function" or node.target not in T.RESIDUAL_ADDS or len(node.args) < 2:
+        return None
+    a, b = node.args[0], node.args[1]
+    if node.kwargs.get("alpha", 1) != 1:
+        return None
+    if a is h and isinstance(b, Node):
+        return b
+    if b is h and isinstance(a, Node):
+        return a
+    return None
+
+
+def find_regions(gm: GraphModule, settings: Any = None) -> GraphModule:
+    """Annotate ``gm.meta["specfold"]`` with an ``Analysis``; the graph itself is unchanged."""
+    analysis = Analysis()
+    gm.meta["specfold"] = analysis
+    markers = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is T.BRANCH_MARKER]
+    if not markers:
+        analysis.skip_reason = "no specfold::branches marker: not a multi-branch verification graph"
+        return gm
+    if len(markers) > 1:
+        analysis.blockers.append(Blocker("multiple_markers", f"{len(markers)} branch markers in one graph"))
+        return gm
+    marker = markers[0]
+    analysis.marker, analysis.parents = marker, marker.args[1]
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+
+    h = marker
+    while True:
+        desc = _descendants(h)
+        attentions = sorted((n for n in desc if n.op == "call_function" and n.target is T.BRANCH_ATTENTION),
+                            key=order.__getitem__)
+        if not attentions:
+            break
+        attn = attentions[0]
+        layer = len(analysis.layers)
+        region = _layer(h, attn, layer, analysis, order)
+        if region is None:
+            return gm
+        analysis.layers.append(region)
+        h = region.h_out
+    if not analysis.layers:
+        analysis.blockers.append(Blocker("no_layers", "no specfold::branch_attention after the branch marker"))
+    return gm
+
+
+def _layer(h: Node, attn: Node, index: int, analysis: Analysis, order: dict[Node, int]) -> LayerRegion | None:
+    name = _layer_name(attn)
+    attn_desc = _descendants(attn)
+    mids = [(u, x) for u in h.users if (x := _is_residual_add(u, h)) is not None and x in attn_desc]
+    if len(mids) != 1:
+        analysis.blockers.append(Blocker("no_residual", f"expected one residual add of the attention output "
+                                         f"to the layer input, found {len(mids)}", index, attn.name))
+        return None
+    h_mid = mids[0][0]
+    mid_desc = _descendants(h_mid)
+    outs = []
+    for u in h_mid.users:
+        x = _is_residual_add(u, h_mid)
+        if x is None or x not in mid_desc:
+            continue
+        between = _ancestors([x], stop={h_mid}) & mid_desc
+        if not any(n.target is T.BRANCH_ATTENTION for n in between):
+            outs.append((u, x))
+    if len(outs) != 1:
+        analysis.blockers.append(Blocker("no_residual", f"expected one residual add of the MLP output, found "
+                                         f"{len(outs)}", index, h_mid.name))
+        return None
+    h_out, mlp_out = outs[0]
+
+    h_desc = _descendants(h)
+    qkv = [a for a in attn.args[:3]]
+    pre = (_ancestors(qkv, stop={h}) & h_desc)
+    mlp = (_ancestors([mlp_out], stop={h_mid}) & mid_desc)
+    region = LayerRegion(index, name, h, attn, h_mid, h_out, mlp_out,
+                         sorted(pre, key=order.__getitem__), sorted(mlp, key=order.__getitem__))
+    _check_region(region.pre_attention, set(pre), h, allowed_users={attn}, index=index, analysis=analysis,
+                  what="pre-attention")
+    _check_region(region.mlp, set(mlp), h_mid, allowed_users={h_out}, index=index, analysis=analysis,
+                  what="MLP")
+    for rank_node in (h, h_mid):
+        shape = _shape(rank_node)
+        if shape is None or len(shape) < 3:
+            analysis.blockers.append(Blocker("layout", "residual stream is not [N, B, C]", index, rank_node.name))
+    return region
+
+
+def _check_region(nodes: list[Node], members: set[Node], entry: Node, allowed_users: set[Node], index: int,
+                  analysis: Analysis, what: str) -> None:
+    for node in nodes:
+        reason = check_region_node(node, members | {entry})
+        if reason:
+            analysis.blockers.append(Blocker("unsupported_op", f"{what} region: {reason}", index, node.name))
+        for user in node.users:
+            if user not in members and user not in allowed_users:
+                analysis.blockers.append(Blocker(
+                    "escaping_value", f"{what} value is also used by {user.name!r} outside the region", index,
+                    node.name))

@@ -1,0 +1,47 @@
+"""Pass 2: a ``specfold::fold_gate`` per layer (and per sublayer with ``gate="sublayer"``).
+
+The gate reads the layer's residual input and ``parents`` and yields the fold mask, the origin map
+and the packed row list with its count, all as device tensors. ``tau`` becomes a 0-d float32 buffer
+of the graph module, so the compiled graph never bakes it into code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.fx import GraphModule
+
+from .. import fold_ops
+from .analyze import Analysis
+
+TAU_BUFFER = "specfold_tau"
+
+
+def insert_gates(gm: GraphModule, settings: Any) -> GraphModule:
+    analysis: Analysis = gm.meta["specfold"]
+    if not analysis.foldable:
+        return gm
+    graph = gm.graph
+    device = analysis.marker.meta["example_value"].device
+    gm.register_buffer(TAU_BUFFER, torch.tensor(float(settings.tau), dtype=torch.float32, device=device))
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    with graph.inserting_after(placeholders[-1]):
+        analysis.tau = graph.get_attr(TAU_BUFFER)
+    gate_index = 0
+    for layer in analysis.layers:
+        entries = [(layer.h_in, layer.pre_attention[0] if layer.pre_attention else layer.attention)]
+        if settings.gate == "sublayer":
+            entries.append((layer.h_mid, layer.mlp[0] if layer.mlp else layer.h_out))
+        for state, before in entries:
+            with graph.inserting_before(before):
+                gate = graph.call_function(fold_ops.FOLD_GATE,
+                                           (state, analysis.parents, analysis.tau, gate_index, settings.pack,
+                                            "torch"))
+            gate.meta["specfold_gate_index"] = gate_index
+            layer.gates.append(gate)
+            gate_index += 1
+        layer.rewritten.append(f"{len(entries)} gate(s)")
+    graph.lint()
+    gm.recompile()
+    return gm
