@@ -269,6 +269,10 @@ class BlockDiffusionLM(nn.Module):
         logit shift is applied (``shift_logits``): logits[n, p] is always the distribution of position p.
         """
         self.check_inputs(tokens, parents, cache)
+        return self.verify(tokens, parents, cache)
+
+    def verify(self, tokens: Tensor, parents: Tensor, cache: PrefixCache) -> Tensor:
+        """``forward`` without the input checks (for CUDA-graph capture, where checks cannot read data)."""
         n_rows, block = tokens.shape
         h = self.embed_tokens(tokens)
         h = ops.mark_branches(h, parents)
@@ -354,6 +358,9 @@ class BlockDiffusionLM(nn.Module):
             raise ValueError("prompt_ids: expected at least one token")
         if int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= self.config.vocab_size:
             raise ValueError(f"prompt_ids: ids must lie in [0, {self.config.vocab_size})")
+        if prompt_ids.numel() > self.config.max_position_embeddings:
+            raise ValueError(f"prompt_ids: {prompt_ids.numel()} tokens exceed "
+                             f"max_position_embeddings={self.config.max_position_embeddings}")
         return self.write_block(self.empty_cache(prompt_ids.device), prompt_ids, causal=True)
 
     @torch.no_grad()
@@ -365,11 +372,18 @@ class BlockDiffusionLM(nn.Module):
         """
         if not isinstance(block_tokens, Tensor) or block_tokens.dim() != 1 or block_tokens.dtype != torch.int64:
             raise TypeError("block_tokens: expected a 1-D int64 tensor")
+        if not isinstance(cache, PrefixCache):
+            raise TypeError(f"cache: expected a PrefixCache from model.prefill, got {type(cache).__name__}")
         if cache.owner != self.model_uid:
             raise ValueError("cache: this prefix cache was built by another model")
         if causal is None:
             causal = self.config.family == "nld"
         s, p = block_tokens.shape[0], cache.length
+        if p + s > self.config.max_position_embeddings:
+            raise ValueError(f"block_tokens: prefix length {p} + {s} tokens exceeds "
+                             f"max_position_embeddings={self.config.max_position_embeddings}")
+        if s and (int(block_tokens.min()) < 0 or int(block_tokens.max()) >= self.config.vocab_size):
+            raise ValueError(f"block_tokens: ids must lie in [0, {self.config.vocab_size})")
         device = block_tokens.device
         allowed = torch.ones(s, p + s, dtype=torch.bool, device=device)
         if causal:

@@ -1,0 +1,119 @@
+"""Shared pieces of the GPU benchmarks: versions, CUDA-graph timing, draft trees, floors."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+COPY_BW = 4.3e12  # bytes/s, device-to-device copy measured on the H200 (REFERENCES.md)
+MATMUL_FLOPS = 790e12  # bf16 FLOP/s measured on the H200 on random data
+
+
+def versions() -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except Exception:  # pragma: no cover
+        info["triton"] = None
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+        try:
+            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                            capture_output=True, text=True, timeout=20).stdout.strip()
+        except Exception:
+            info["driver"] = None
+    return info
+
+
+def out_dir(default: str = "bench/results") -> Path:
+    path = Path(os.environ.get("OUT") or default)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_json(path: Path, rows: list[dict], extra: dict | None = None) -> None:
+    path.write_text(json.dumps({"versions": versions(), **(extra or {}), "rows": rows}, indent=1) + "\n")
+
+
+def time_cuda_graph(fn: Callable[[], Any], replays: int = 30, warmup: int = 3) -> tuple[float, bool]:
+    """Median ms of CUDA-graph replays of ``fn`` (captured after warm-up). Falls back to plain calls
+    (returning cuda_graph=False) if capture fails."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        run, captured = graph.replay, True
+    except Exception:
+        torch.cuda.synchronize()
+        run, captured = fn, False
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), captured
+
+
+def draft_tree(n_rows: int) -> list[int]:
+    """A Spiffy-like shallow draft graph: a few level-1 drafts of the main row, the rest their children."""
+    parents = [-1]
+    level1 = max(1, min(4, n_rows - 1))
+    for n in range(1, n_rows):
+        parents.append(0 if n <= level1 else 1 + (n - level1 - 1) % level1)
+    return parents
+
+
+def draft_tokens(main: torch.Tensor, parents: list[int], changed: int, vocab: int, gen: torch.Generator
+                 ) -> torch.Tensor:
+    """Rows equal to their parent except at ``changed`` random positions (one decoding step's commits)."""
+    rows = [main]
+    block = main.shape[0]
+    for n in range(1, len(parents)):
+        row = rows[parents[n]].clone()
+        pos = torch.randperm(block, generator=gen)[:changed]
+        row[pos] = torch.randint(0, vocab, (changed,), generator=gen)
+        rows.append(row)
+    return torch.stack(rows)
+
+
+def floor_ms(cfg, n_rows: int, computed_rows: int, prefix: int) -> float:
+    """Weights read once vs the FLOPs of the recomputed rows (projections + MLP) plus every row's
+    attention and LM head: the larger of the two times."""
+    c, hd, f = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    layer_params = c * hd * (cfg.num_heads + 2 * cfg.num_kv_heads) + cfg.num_heads * hd * c + 3 * c * f
+    weight_bytes = 2 * (cfg.num_layers * layer_params + cfg.vocab_size * c * (1 if cfg.tie_word_embeddings else 2))
+    block = cfg.block_size
+    rows = n_rows * block
+    attn_flops = 4 * cfg.num_heads * hd * (computed_rows * prefix + rows * block)
+    proj_flops = 2 * (c * hd * (cfg.num_heads + 2 * cfg.num_kv_heads) + 3 * c * f) * computed_rows \
+        + 2 * cfg.num_heads * hd * c * rows
+    flops = cfg.num_layers * (attn_flops + proj_flops) + 2 * c * cfg.vocab_size * rows
+    return 1e3 * max(weight_bytes / COPY_BW, flops / MATMUL_FLOPS)
+
+
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()

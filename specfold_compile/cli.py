@@ -1,0 +1,155 @@
+"""``specfold`` command line: generate, demo, dump, calibrate, eval, sweep, train."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from .loading import decode, encode, load_model
+
+DEMO_PROMPTS = (
+    "Tom has 3 apples and buys 4 more. How many apples does he have?",
+    "Write a function f(xs) that returns the sum of the even numbers in xs.",
+    "Write 5 words about rivers in lowercase, separated by ' | '.",
+)
+
+
+def _compiled(model, tau: float, kernels: str = "auto"):
+    return torch.compile(model, backend="specfold", options={"tau": tau, "kernels": kernels})
+
+
+def _run(model, prompt_ids, mode: str, args, compiled=None):
+    from .decoding import generate
+
+    target = compiled if mode == "specfold" else model
+    return generate(target, prompt_ids, mode="vanilla" if mode == "vanilla" else "spiffy",
+                    max_new_tokens=args.max_new_tokens, threshold=args.threshold,
+                    draft_budget=args.draft_budget, draft_graph=args.draft_graph)
+
+
+def cmd_generate(args) -> int:
+    model = load_model(args.model, device=args.device)
+    ids = encode(model, args.prompt).to(args.device)
+    compiled = _compiled(model, args.tau) if args.mode == "specfold" else None
+    res = _run(model, ids, args.mode, args, compiled)
+    print(decode(model, res.tokens))
+    print(f"\nmode={args.mode} tokens={len(res.tokens)} nfe={res.nfe} time={res.wall_time_s:.3f}s "
+          f"tokens/s={len(res.tokens) / max(res.wall_time_s, 1e-9):.1f} calls={res.num_calls} "
+          f"accepted/call={res.accepted_per_call:.2f} branches/call={res.branches_per_call:.2f}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .backend import collect_stats
+
+    model = load_model(args.model, device=args.device)
+    compiled = _compiled(model, args.tau)
+    print(f"model: {getattr(model, 'name_or_path', args.model or 'tiny-fast-dllm-v2 (random)')}")
+    rows = []
+    for mode in ("vanilla", "spiffy", "specfold"):
+        # Warm up once (compilation for specfold) so the table shows steady-state speed.
+        t0 = time.perf_counter()
+        _run(model, encode(model, DEMO_PROMPTS[0]).to(args.device), mode, args, compiled)
+        warm = time.perf_counter() - t0
+        toks = nfe = calls = accepted = 0
+        wall = 0.0
+        ratio_num = ratio_den = 0.0
+        outputs = []
+        for prompt in DEMO_PROMPTS:
+            with collect_stats() as s:
+                res = _run(model, encode(model, prompt).to(args.device), mode, args, compiled)
+            toks += len(res.tokens)
+            nfe += res.nfe
+            calls += res.num_calls
+            accepted += sum(st.accepted for st in res.steps)
+            wall += res.wall_time_s
+            outputs.append(res.tokens)
+            if mode == "specfold" and s.layers:
+                ratio_num += sum(layer.computed_draft_rows for layer in s.layers)
+                ratio_den += sum(layer.draft_rows for layer in s.layers)
+        ratio = f"{ratio_num / ratio_den:.2f}" if ratio_den else "-"
+        rows.append((mode, toks, nfe, toks / max(wall, 1e-9), accepted / max(calls, 1), ratio, warm, outputs))
+    print(f"\n{'mode':<9} {'tokens':>6} {'NFE':>5} {'tokens/s':>9} {'accepted/call':>14} {'recompute':>9} "
+          f"{'first run s':>11}")
+    for mode, toks, nfe, tps, acc, ratio, warm, _ in rows:
+        print(f"{mode:<9} {toks:>6} {nfe:>5} {tps:>9.1f} {acc:>14.2f} {ratio:>9} {warm:>11.2f}")
+    same = rows[0][7] == rows[1][7]
+    print(f"\nSpiffy tokens identical to vanilla (lossless): {same}")
+    print("\nsample output:", decode(model, rows[0][7][0])[:200])
+    return 0 if same else 1
+
+
+def cmd_dump(args) -> int:
+    model = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype) if args.dtype else None)
+    cfg = model.config
+    cache = model.prefill(torch.arange(1, 9, dtype=torch.int64) % cfg.vocab_size)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab_size, (1, cfg.block_size), generator=gen).repeat(args.branches, 1)
+    tokens[tokens == cfg.mask_token_id] = 0
+    for n in range(1, args.branches):
+        tokens[n, n % cfg.block_size] = cfg.mask_token_id
+    parents = torch.tensor([-1] + [(n - 1) // 2 for n in range(1, args.branches)], dtype=torch.int64)
+    compiled = torch.compile(model, backend="specfold",
+                             options={"tau": args.tau, "dump_dir": args.out, "kernels": args.kernels})
+    compiled(tokens, parents, cache)
+    print(f"graph dumps and region report written to {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="specfold", description="SpecFold: folded speculative verification "
+                                 "for block-diffusion LMs")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    def decoding_args(p):
+        p.add_argument("--model", default=None, help="checkpoint dir or preset (default: the shipped model)")
+        p.add_argument("--max-new-tokens", type=int, default=64)
+        p.add_argument("--threshold", type=float, default=0.9)
+        p.add_argument("--draft-budget", type=int, default=8)
+        p.add_argument("--draft-graph", default=None, help="draft graph JSON (specfold calibrate)")
+        p.add_argument("--tau", type=float, default=0.1)
+        p.add_argument("--device", default="cpu")
+
+    p = sub.add_parser("generate", help="decode one prompt and print text and statistics")
+    decoding_args(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--mode", choices=("vanilla", "spiffy", "specfold"), default="spiffy")
+    p.set_defaults(fn=cmd_generate)
+
+    p = sub.add_parser("demo", help="vanilla vs Spiffy vs SpecFold on a tiny model, a few prompts")
+    decoding_args(p)
+    p.set_defaults(fn=cmd_demo)
+
+    p = sub.add_parser("dump", help="graph before/after every pass plus the region report")
+    p.add_argument("--model", default=None)
+    p.add_argument("--out", required=True)
+    p.add_argument("--tau", type=float, default=0.1)
+    p.add_argument("--branches", type=int, default=5)
+    p.add_argument("--kernels", default="torch", choices=("auto", "torch", "triton"))
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(fn=cmd_dump)
+
+    for name, target in (("calibrate", "specfold_compile.decoding:calibrate_cli"),
+                         ("eval", "specfold_compile.evaluation:eval_cli"),
+                         ("sweep", "specfold_compile.evaluation:sweep_cli"),
+                         ("train", "specfold_compile.training:train_cli")):
+        p = sub.add_parser(name, add_help=False, help=f"see `specfold {name} --help`")
+        p.set_defaults(fn=None, target=target)
+
+    args, rest = ap.parse_known_args(argv)
+    if args.fn is None:
+        import importlib
+
+        module, func = args.target.split(":")
+        return int(getattr(importlib.import_module(module), func)(rest) or 0)
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    return int(args.fn(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Turning a user's ``--model`` into a model, and text into token ids."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from . import models
+
+# The shipped trained model (issue: small trained block-diffusion LM); used when no model is given.
+DEFAULT_MODEL_DIR = Path(__file__).parent / "assets" / "specfold-tiny"
+
+
+def default_model_available() -> bool:
+    return (DEFAULT_MODEL_DIR / "config.json").is_file()
+
+
+def load_model(spec: str | None = None, *, device: str = "cpu", seed: int = 0, dtype: torch.dtype | None = None):
+    """A checkpoint directory, a preset name (random weights, seeded), or None for the shipped model
+    (falling back to the ``tiny-fast-dllm-v2`` preset when no trained model is shipped)."""
+    if spec is None or spec == "default":
+        if default_model_available():
+            return models.from_pretrained(DEFAULT_MODEL_DIR, device=device, dtype=dtype)
+        spec = "tiny-fast-dllm-v2"
+    if os.path.isdir(spec):
+        return models.from_pretrained(spec, device=device, dtype=dtype)
+    if spec in models.PRESETS:
+        overrides = {"dtype": dtype} if dtype is not None else {}
+        return models.build(spec, device=device, seed=seed, **overrides)
+    raise ValueError(f"model: {spec!r} is neither a checkpoint directory nor a preset; presets: {sorted(models.PRESETS)}")
+
+
+def encode(model, text: str) -> torch.Tensor:
+    """Token ids of ``text`` with the model's tokenizer; without one (random presets), UTF-8 bytes folded
+    into the vocabulary, avoiding the mask and eos ids."""
+    tok = getattr(model, "tokenizer", None)
+    if tok is not None:
+        return torch.tensor(tok.encode(text).ids, dtype=torch.int64)
+    cfg = model.config
+    special = {cfg.mask_token_id, cfg.eos_token_id}
+    ids = [b % cfg.vocab_size for b in text.encode()]
+    return torch.tensor([i if i not in special else (i + 2) % cfg.vocab_size for i in ids] or [0], dtype=torch.int64)
+
+
+def decode(model, ids: list[int]) -> str:
+    tok = getattr(model, "tokenizer", None)
+    if tok is not None:
+        return tok.decode(ids, skip_special_tokens=True)
+    return " ".join(map(str, ids))
