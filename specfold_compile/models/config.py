@@ -157,6 +157,9 @@ def to_hf_dict(cfg: ModelConfig) -> dict[str, Any]:
     if cfg.llama4_scaling_beta is not None:
         rope["llama_4_scaling_beta"] = cfg.llama4_scaling_beta
         rope.setdefault("original_max_position_embeddings", cfg.llama4_original_max_position)
+        if rope["original_max_position_embeddings"] != cfg.llama4_original_max_position:
+            # Real NLD configs share one value; keep a differing one under its own key.
+            rope["llama_4_original_max_position_embeddings"] = cfg.llama4_original_max_position
     return {"architectures": [NLD_ARCHITECTURE], "model_type": "nemotron_labs_diffusion",
             "rope_parameters": rope, "attention_bias": cfg.attention_bias, "block_size": cfg.block_size, **common}
 
@@ -209,7 +212,7 @@ def from_hf_dict(raw: dict[str, Any], **overrides: Any) -> ModelConfig:
         rope_type = rope.pop("rope_type", rope.pop("type", "default"))
         beta = rope.pop("llama_4_scaling_beta", None)
         rope.pop("max_position_embeddings", None)
-        orig = rope.get("original_max_position_embeddings", 16384)
+        orig = rope.pop("llama_4_original_max_position_embeddings", rope.get("original_max_position_embeddings", 16384))
         kw.update(mask_token_id=d.get("mask_token_id", 100), eos_token_id=eos if eos is not None else 11,
                   rms_norm_eps=d.get("rms_norm_eps", 1e-5), rope_theta=theta,
                   rope_scaling=rope if rope_type == "yarn" else None, llama4_scaling_beta=beta,

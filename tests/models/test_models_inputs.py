@@ -1,0 +1,137 @@
+"""Every bad input raises ValueError/TypeError whose message names the argument."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from specfold_compile.models import build
+from specfold_compile.models.transformer import PrefixCache
+from specfold_compile.reference import folded_verify
+
+
+@pytest.fixture(scope="module", params=["tiny-fast-dllm-v2", "tiny-nld"])
+def setup(request):
+    torch.set_num_threads(1)
+    model = build(request.param, seed=0, max_position_embeddings=40)
+    cache = model.prefill(torch.arange(1, 11))
+    b = model.config.block_size
+    tokens = torch.randint(0, model.config.vocab_size, (3, b), generator=torch.Generator().manual_seed(0))
+    return model, cache, tokens, torch.tensor([-1, 0, 1])
+
+
+def _both(model, tokens, parents, cache, exc, match, tau=0.1):
+    """The dense forward and folded_verify reject the input the same way."""
+    with pytest.raises(exc, match=match):
+        model(tokens, parents, cache)
+    with pytest.raises(exc, match=match):
+        folded_verify(model, tokens, parents, cache, tau)
+
+
+def test_good_input_runs(setup):
+    model, cache, tokens, parents = setup
+    with torch.no_grad():
+        assert model(tokens, parents, cache).shape == (3, tokens.shape[1], model.config.vocab_size)
+
+
+@pytest.mark.parametrize("bad", [[0, 0, 1], [5, 0, 1], [-1, 1, 1], [-1, 0, 2], [-1, 0, 3], [-1, -1, 0],
+                                 [-1, 0, -2]])
+def test_bad_parents_values(setup, bad):
+    model, cache, tokens, _ = setup
+    _both(model, tokens, torch.tensor(bad), cache, ValueError, r"^parents")
+
+
+def test_bad_parents_shape_and_type(setup):
+    model, cache, tokens, _ = setup
+    _both(model, tokens, torch.tensor([-1, 0]), cache, ValueError, r"^parents")
+    _both(model, tokens, torch.tensor([-1, 0, 1, 2]), cache, ValueError, r"^parents")
+    _both(model, tokens, torch.tensor([-1.0, 0.0, 1.0]), cache, TypeError, r"^parents")
+    _both(model, tokens, torch.tensor([[-1, 0, 1]]), cache, TypeError, r"^parents")
+    _both(model, tokens, [-1, 0, 1], cache, TypeError, r"^parents")
+    _both(model, tokens, torch.tensor([-1, 0, 1], dtype=torch.int32), cache, TypeError, r"^parents")
+    _both(model, tokens[:0], torch.tensor([], dtype=torch.int64), cache, ValueError, r"^parents")
+
+
+def test_bad_tokens(setup):
+    model, cache, tokens, parents = setup
+    _both(model, tokens[0], parents[:1], cache, TypeError, r"^tokens")
+    _both(model, tokens[None], parents, cache, TypeError, r"^tokens")
+    _both(model, tokens.float(), parents, cache, TypeError, r"^tokens")
+    _both(model, tokens.int(), parents, cache, TypeError, r"^tokens")
+    _both(model, tokens.tolist(), parents, cache, TypeError, r"^tokens")
+    for bad_id in (-1, model.config.vocab_size, 10**6):
+        bad = tokens.clone()
+        bad[2, 3] = bad_id
+        _both(model, bad, parents, cache, ValueError, r"^tokens")
+
+
+@pytest.mark.parametrize("tau", [-0.1, -1e-9, math.nan, float("-inf"), torch.tensor(float("nan")),
+                                 torch.tensor(-1.0)])
+def test_bad_tau(setup, tau):
+    model, cache, tokens, parents = setup
+    with pytest.raises(ValueError, match=r"^tau"):
+        folded_verify(model, tokens, parents, cache, tau)
+
+
+def test_good_tau_forms(setup):
+    model, cache, tokens, parents = setup
+    a, _ = folded_verify(model, tokens, parents, cache, 0.1)
+    b, _ = folded_verify(model, tokens, parents, cache, torch.tensor(0.1))
+    assert torch.equal(a, b)
+    folded_verify(model, tokens, parents, cache, float("inf"))  # folds wherever the parent row is nonzero
+
+
+def test_bad_fold_masks_and_gate(setup):
+    model, cache, tokens, parents = setup
+    _, masks = folded_verify(model, tokens, parents, cache, 0.5)
+    with pytest.raises(ValueError, match=r"^fold_masks"):
+        folded_verify(model, tokens, parents, cache, 0.5, fold_masks=masks[:-1])
+    bad = [m.clone() for m in masks]
+    bad[0][0, 0] = True
+    with pytest.raises(ValueError, match=r"^fold_masks"):
+        folded_verify(model, tokens, parents, cache, 0.5, fold_masks=bad)
+    with pytest.raises(ValueError, match=r"^fold_masks"):
+        folded_verify(model, tokens, parents, cache, 0.5, fold_masks=[m[:, :-1] for m in masks])
+    with pytest.raises(ValueError, match=r"^fold_masks"):
+        folded_verify(model, tokens, parents, cache, 0.5, fold_masks=[m.float() for m in masks])
+    with pytest.raises(ValueError, match=r"^gate"):
+        folded_verify(model, tokens, parents, cache, 0.5, gate="token")
+
+
+def test_bad_cache(setup):
+    model, cache, tokens, parents = setup
+    name = "tiny-nld" if model.config.family == "nld" else "tiny-fast-dllm-v2"
+    other = build(name, seed=0, max_position_embeddings=40)
+    foreign = other.prefill(torch.arange(1, 11))  # same shapes, same weights, another model
+    _both(model, tokens, parents, foreign, ValueError, r"^cache")
+    with pytest.raises(ValueError, match=r"^cache"):
+        model.write_block(foreign, tokens[0])
+    _both(model, tokens, parents, {"keys": cache.keys}, TypeError, r"^cache")
+    with pytest.raises(TypeError, match=r"^cache"):
+        model.write_block(None, tokens[0])
+    truncated = PrefixCache(cache.keys[:-1], cache.values[:-1], cache.next_logits, cache.owner)
+    _both(model, tokens, parents, truncated, ValueError, r"^cache")
+    # a cache whose length plus the block exceeds max_position_embeddings (40)
+    long_cache = model.prefill(torch.arange(1, 30))
+    _both(model, tokens, parents, long_cache, ValueError, r"^cache.*max_position_embeddings")
+    with pytest.raises(ValueError, match=r"^block_tokens.*max_position_embeddings"):
+        model.write_block(long_cache, tokens[0])
+    with pytest.raises(ValueError, match=r"^prompt_ids.*max_position_embeddings"):
+        model.prefill(torch.arange(1, 42))
+
+
+def test_bad_prefill_and_write_block(setup):
+    model, cache, tokens, _ = setup
+    for bad in (torch.tensor([[1, 2]]), torch.tensor([1.0, 2.0]), [1, 2], torch.tensor([1, 2], dtype=torch.int32)):
+        with pytest.raises(TypeError, match=r"^prompt_ids"):
+            model.prefill(bad)
+        with pytest.raises(TypeError, match=r"^block_tokens"):
+            model.write_block(cache, bad)
+    with pytest.raises(ValueError, match=r"^prompt_ids"):
+        model.prefill(torch.tensor([], dtype=torch.int64))
+    for bad_id in (-1, model.config.vocab_size):
+        with pytest.raises(ValueError, match=r"^prompt_ids"):
+            model.prefill(torch.tensor([1, bad_id]))
+        with pytest.raises(ValueError, match=r"^block_tokens"):
+            model.write_block(cache, torch.tensor([1, bad_id]))
