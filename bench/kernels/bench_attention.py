@@ -1,0 +1,79 @@
+"""Benchmark prefix_attention, block_attention and branch_attention (bf16) at the Fast-dLLM-v2
+attention shapes, with the roofline floor and the worst relative error against the reference."""
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+import torch  # noqa: E402
+
+from specfold_compile.kernels.attention import block_attention, branch_attention, prefix_attention  # noqa: E402
+from specfold_compile.kernels.attention_ref import (  # noqa: E402
+    block_attention_ref, branch_attention_ref, prefix_attention_ref,
+)
+
+
+def main(argv=None):
+    args = C.parse_args(argv, __doc__)
+    models, block, prefixes, ns = C.configs(args)
+    dev = C.device()
+    dt = torch.bfloat16
+    rows = []
+    for mname, m in models.items():
+        hq, hkv, d = m["hq"], m["hkv"], m["d"]
+        scale = 1.0 / math.sqrt(d)
+        for P in prefixes:
+            # one shared cache [2, Hkv, Pmax, D]; the kernels read strided views of it
+            cache = torch.randn(2, hkv, P + 64, d, device=dev).to(dt)
+            k_pre, v_pre = cache[0, :, :P], cache[1, :, :P]
+            for N in ns:
+                R = N * block
+                q4 = torch.randn(N, block, hq, d, device=dev).to(dt)
+                k4 = torch.randn(N, block, hkv, d, device=dev).to(dt)
+                v4 = torch.randn(N, block, hkv, d, device=dev).to(dt)
+                q, k, v = q4.view(R, hq, d), k4.view(R, hkv, d), v4.view(R, hkv, d)
+                slot = torch.arange(R, device=dev).view(N, block)
+                count = torch.tensor(R, device=dev)
+
+                o_pre, lse_pre = prefix_attention(q, k_pre, v_pre, scale, count)
+                ro, rl = prefix_attention_ref(q, k_pre, v_pre, scale)
+                err_p = max(C.rel_err(o_pre, ro), C.rel_err(lse_pre, rl))
+                ms_p = C.bench(lambda: prefix_attention(q, k_pre, v_pre, scale, count), args.quick)
+                fl_p = C.floor_ms(2 * hkv * P * d * 2 + R * hq * d * 2 + R * hq * (d + 1) * 4,
+                                  4.0 * R * hq * P * d)
+                rows.append(dict(model=mname, kernel="prefix_attention", P=P, N=N, rows=R, ms=ms_p, **fl_p,
+                                 frac_of_floor=fl_p["floor_ms"] / ms_p, max_rel_err=err_p))
+
+                ob = block_attention(q, k, v, slot, o_pre, lse_pre, scale)
+                err_b = C.rel_err(ob, block_attention_ref(q, k, v, slot, ro, rl, scale))
+                ms_b = C.bench(lambda: block_attention(q, k, v, slot, o_pre, lse_pre, scale), args.quick)
+                fl_b = C.floor_ms(R * hq * d * 2 * 2 + 2 * R * hkv * d * 2 + R * hq * (d + 1) * 4,
+                                  4.0 * R * hq * block * d)
+                rows.append(dict(model=mname, kernel="block_attention", P=P, N=N, rows=R, ms=ms_b, **fl_b,
+                                 frac_of_floor=fl_b["floor_ms"] / ms_b, max_rel_err=err_b))
+
+                o = branch_attention(q4, k4, v4, k_pre, v_pre, scale)
+                err = C.rel_err(o, branch_attention_ref(q4, k4, v4, k_pre, v_pre, scale))
+                ms = C.bench(lambda: branch_attention(q4, k4, v4, k_pre, v_pre, scale), args.quick)
+                fl = C.floor_ms(2 * hkv * P * d * 2 + 2 * R * hq * d * 2 + 2 * R * hkv * d * 2,
+                                4.0 * R * hq * (P + block) * d)
+                sdpa_ms = None
+                if torch.cuda.is_available() and not C.interpreting():
+                    # dense SDPA baseline: [N, Hq, B, D] over [prefix ; block] keys (prefix expanded)
+                    kk = torch.cat([k_pre.unsqueeze(0).expand(N, -1, -1, -1), k4.transpose(1, 2)], 2)
+                    vv = torch.cat([v_pre.unsqueeze(0).expand(N, -1, -1, -1), v4.transpose(1, 2)], 2)
+                    qq = q4.transpose(1, 2)
+                    sdpa = torch.nn.functional.scaled_dot_product_attention
+                    sdpa_ms = C.bench(lambda: sdpa(qq, kk, vv, scale=scale, enable_gqa=True))
+                rows.append(dict(model=mname, kernel="branch_attention", P=P, N=N, rows=R, ms=ms, **fl,
+                                 frac_of_floor=fl["floor_ms"] / ms, max_rel_err=err,
+                                 sdpa_precat_ms=sdpa_ms))
+    return C.emit("attention", rows, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""The greedy threshold commit rule (SPEC.md section 1) and the confidence ranking used by drafts.
+
+All bookkeeping here runs on small CPU tensors: a block state is an int64 tensor ``[B]`` holding
+``mask_token_id`` at still-masked positions; ``conf`` / ``tok`` are the per-position top-1 softmax
+probability (float32) and argmax token of one row's logits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "confidence",
+    "window_positions",
+    "commit",
+    "commit_positions",
+    "rank_masked_positions",
+    "block_finished",
+]
+
+
+def confidence(logits: torch.Tensor, mask_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-1 softmax probability and argmax over the last dim of ``logits`` (any leading shape).
+
+    Computed in float32 on the logits' device (``softmax(logits.float())``); ties in argmax go to the
+    lowest token id. With ``mask_id`` given, the mask token is never the argmax (committing it would not
+    make progress); ``conf`` is then the probability of the best non-mask token under the full softmax.
+    Returns ``(conf float32, tok int64)`` on the same device.
+    """
+    lf = logits.float()
+    lse = torch.logsumexp(lf, dim=-1)
+    if mask_id is not None and 0 <= mask_id < lf.shape[-1]:
+        lf = lf.clone()
+        lf[..., mask_id] = float("-inf")
+    tok = torch.argmax(lf, dim=-1)
+    mx = torch.gather(lf, -1, tok.unsqueeze(-1)).squeeze(-1)
+    conf = torch.exp(mx - lse)  # = softmax(logits.float())[tok]
+    return conf, tok
+
+
+def window_positions(state: torch.Tensor, mask_id: int, sub_block_size: int | None) -> torch.Tensor:
+    """Masked positions that may be committed now.
+
+    ``sub_block_size=None`` (NLD): every masked position of the block. Otherwise (Fast-dLLM v2): the
+    masked positions of the first sub-block that still has a mask. Returns int64 positions, ascending.
+    """
+    masked = (state == mask_id).nonzero().flatten()
+    if sub_block_size is None or masked.numel() == 0:
+        return masked
+    sb = int(masked[0]) // sub_block_size
+    return masked[(masked // sub_block_size) == sb]
+
+
+def commit_positions(state, conf, mask_id, sub_block_size, threshold) -> torch.Tensor:
+    """Positions the vanilla rule commits: window positions with ``conf > threshold``, and always at
+    least the single most confident window position (ties -> lowest index). Empty if nothing is masked."""
+    win = window_positions(state, mask_id, sub_block_size)
+    if win.numel() == 0:
+        return win
+    c = conf[win]
+    sel = win[c > threshold]
+    if sel.numel() == 0:
+        # torch.argmax returns the first maximal index, i.e. the lowest position on ties
+        sel = win[int(torch.argmax(c))].reshape(1)
+    return sel
+
+
+def commit(state: torch.Tensor, conf: torch.Tensor, tok: torch.Tensor, mask_id: int,
+           sub_block_size: int | None, threshold: float) -> torch.Tensor:
+    """Apply one vanilla denoising step to ``state`` given its logits' ``(conf, tok)``; returns a new
+    state (the input is not modified)."""
+    out = state.clone()
+    pos = commit_positions(state, conf, mask_id, sub_block_size, threshold)
+    out[pos] = tok[pos]
+    return out
+
+
+def rank_masked_positions(state: torch.Tensor, conf: torch.Tensor, mask_id: int,
+                          sub_block_size: int | None) -> list[int]:
+    """Masked positions of ``state`` in draft-rank order (rank 1 first).
+
+    Decode order first: for sub-blocked models the current sub-block's masked positions, then the next
+    sub-block's, ...; within a window by descending ``conf`` (ties -> lower position). Without
+    sub-blocks the whole block is one window.
+    """
+    masked = (state == mask_id).nonzero().flatten().tolist()
+    cl = conf.tolist()
+    if sub_block_size is None:
+        return sorted(masked, key=lambda p: (-cl[p], p))
+    return sorted(masked, key=lambda p: (p // sub_block_size, -cl[p], p))
+
+
+def block_finished(state: torch.Tensor, mask_id: int, need: int, eos_id: int | None) -> bool:
+    """True when the block's output is fully determined.
+
+    ``need`` = number of leading positions that still count towards ``max_new_tokens`` (<= B). The
+    block is finished when positions ``[0, need)`` hold no mask, or (``eos_id`` not None) when some
+    committed eos at position ``e`` has no mask in ``[0, e]``: everything after it is discarded.
+    Positions that no longer matter are never decoded, so this only saves forwards; it never changes
+    the output tokens.
+    """
+    head = state[:need]
+    is_mask = head == mask_id
+    if not bool(is_mask.any()):
+        return True
+    if eos_id is not None:
+        first_mask = int(is_mask.nonzero()[0])
+        if bool((head[:first_mask] == eos_id).any()):
+            return True
+    return False

@@ -1,0 +1,232 @@
+"""Vanilla and Spiffy block-diffusion decoding (SPEC.md sections 1 and 3, property P5).
+
+Model interface (see ``specfold_compile.models``): ``model.config`` (``block_size``, ``sub_block_size``,
+``mask_token_id``, ``eos_token_id``, ``vocab_size``), ``model.prefill(prompt_ids) -> cache`` with
+``cache.next_logits`` ([V], predicts the next block's seed), ``model(tokens[N, B], parents[N], cache)
+-> logits[N, B, V]`` (rows independent, row 0 = main) and ``model.write_block(cache, block) -> cache``.
+Each of the three counts one NFE.
+
+Spiffy bookkeeping. Let ``L`` be the logits of the state whose commit produced the current main state
+``X`` (``X = commit(X_prev, L)`` is exact, vanilla would verify it next). One call verifies ``[X] +
+drafts``, the drafts being predicted later states built from ``L`` (``graph.build_drafts``). Walk:
+``Y = commit(X, L[0])``; while ``Y`` is not finished and some draft row equals ``Y`` token for token,
+that row's logits are exactly ``model(Y)`` (rows are independent), so accept it and set ``Y =
+commit(Y, L[row])``. The new main state is the last ``Y`` and the logits that produced it become the new
+``L``. Every state Spiffy visits is a state vanilla visits with the same logits, hence the same tokens.
+(The draft searched for is any row equal to ``Y``; in a deduplicated draft set that row is a child of the
+last accepted row, or a state the dedup merged into an earlier row.)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .commit import block_finished, commit, confidence
+from .graph import DraftGraph, build_drafts, default_draft_graph, load_draft_graph
+
+__all__ = ["generate", "GenerateResult", "StepStats", "record_traces", "MODES"]
+
+MODES = ("vanilla", "spiffy")
+
+
+@dataclass
+class StepStats:
+    """One verification (``model(...)``) call."""
+
+    branches: int                  # rows N of the call (1 = main only)
+    accepted: int                  # draft rows accepted after the call
+    parents: list[int]             # the parents vector passed to the model (parents[0] = -1)
+    rows: torch.Tensor | None = None  # CPU int64 [N, B] tokens of the call (for benchmark replay)
+
+
+@dataclass
+class GenerateResult:
+    tokens: list[int]
+    nfe: int
+    wall_time_s: float
+    steps: list[StepStats] = field(default_factory=list)
+    mode: str = "vanilla"
+    blocks: int = 0                # blocks decoded (started)
+
+    @property
+    def num_calls(self) -> int:
+        return len(self.steps)
+
+    @property
+    def accepted_per_call(self) -> float:
+        return sum(s.accepted for s in self.steps) / len(self.steps) if self.steps else 0.0
+
+    @property
+    def branches_per_call(self) -> float:
+        return sum(s.branches for s in self.steps) / len(self.steps) if self.steps else 0.0
+
+    @property
+    def calls(self) -> list[tuple[int, list[int]]]:
+        """``(N, parents)`` of every verification call, in order (for benchmark replay)."""
+        return [(s.branches, list(s.parents)) for s in self.steps]
+
+    @property
+    def tokens_per_call(self) -> float:
+        return len(self.tokens) / len(self.steps) if self.steps else 0.0
+
+
+def _check_int(name, v, lo):
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if v < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {v}")
+
+
+def _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos):
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    _check_int("max_new_tokens", max_new_tokens, 1)
+    _check_int("draft_budget", draft_budget, 0)
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+        raise TypeError(f"threshold must be a float in (0, 1], got {type(threshold).__name__}")
+    if not (0.0 < float(threshold) <= 1.0):  # also rejects NaN
+        raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
+    if not isinstance(prompt_ids, torch.Tensor):
+        raise TypeError(f"prompt_ids must be a torch.Tensor, got {type(prompt_ids).__name__}")
+    if prompt_ids.dtype != torch.int64:
+        raise TypeError(f"prompt_ids must have dtype torch.int64, got {prompt_ids.dtype}")
+    if prompt_ids.dim() != 1 or prompt_ids.numel() == 0:
+        raise ValueError(f"prompt_ids must be a non-empty 1-D tensor, got shape {tuple(prompt_ids.shape)}")
+    if not isinstance(stop_at_eos, bool):
+        raise TypeError(f"stop_at_eos must be a bool, got {type(stop_at_eos).__name__}")
+
+
+def _model_consts(model):
+    cfg = model.config
+    B = int(cfg.block_size)
+    sb = cfg.sub_block_size
+    sb = None if sb is None else int(sb)
+    if B < 2:
+        raise ValueError(f"model.config.block_size must be >= 2, got {B}")
+    if sb is not None and sb < 1:
+        raise ValueError(f"model.config.sub_block_size must be None or >= 1, got {sb}")
+    return B, sb, int(cfg.mask_token_id), int(cfg.eos_token_id)
+
+
+def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, graph, stop_at_eos,
+            trace=None) -> GenerateResult:
+    B, sb, mask_id, eos_id = _model_consts(model)
+    eos = eos_id if stop_at_eos else None
+    spiffy = mode == "spiffy" and draft_budget > 0 and graph is not None and len(graph) > 0
+    t0 = time.perf_counter()
+    cache = model.prefill(prompt_ids)
+    nfe = 1
+    out: list[int] = []
+    steps: list[StepStats] = []
+    nblocks = 0
+    while True:
+        nblocks += 1
+        need = min(B, max_new_tokens - len(out))
+        dev = cache.next_logits.device
+        X = torch.full((B,), mask_id, dtype=torch.long)
+        X[0] = int(confidence(cache.next_logits, mask_id)[1])
+
+        def fin(st, need=need):
+            return block_finished(st, mask_id, need, eos)
+
+        prev = None  # (conf, tok) of the logits that produced X
+        tb = None
+        if trace is not None:
+            tb = {"states": [], "conf": [], "argmax": []}
+            trace.append(tb)
+        while not fin(X):
+            if spiffy and prev is not None:
+                d = build_drafts(X, prev[0], prev[1], graph, mask_id, sb, draft_budget, fin)
+                rows = torch.stack([X] + d.states)
+                parents = [-1] + d.parents
+            else:
+                rows = X.unsqueeze(0)
+                parents = [-1]
+            logits = model(rows.to(dev), torch.tensor(parents, dtype=torch.long, device=dev), cache)
+            nfe += 1
+            conf, tok = confidence(logits, mask_id)
+            conf, tok = conf.cpu(), tok.cpu()
+            if tb is not None:
+                tb["states"].append(X.tolist())
+                tb["conf"].append(conf[0].tolist())
+                tb["argmax"].append(tok[0].tolist())
+            cur = 0
+            Y = commit(X, conf[0], tok[0], mask_id, sb, threshold)
+            accepted = 0
+            if rows.shape[0] > 1:
+                row_of = {tuple(r): i for i, r in enumerate(rows.tolist()) if i > 0}
+                while not fin(Y):
+                    r = row_of.pop(tuple(Y.tolist()), None)
+                    if r is None:
+                        break
+                    accepted += 1
+                    cur = r
+                    Y = commit(Y, conf[r], tok[r], mask_id, sb, threshold)
+            steps.append(StepStats(branches=rows.shape[0], accepted=accepted, parents=parents, rows=rows))
+            if torch.equal(X, Y):  # cannot happen: every step commits >= 1 non-mask token
+                raise RuntimeError("decoding made no progress (non-finite logits?)")
+            X = Y
+            prev = (conf[cur], tok[cur])
+        if tb is not None:
+            tb["states"].append(X.tolist())
+        blk = X[:need].tolist()
+        stop = False
+        if eos is not None and eos in blk:
+            blk = blk[: blk.index(eos) + 1]
+            stop = True
+        out.extend(blk)
+        if stop or len(out) >= max_new_tokens:
+            break
+        cache = model.write_block(cache, X.to(dev))
+        nfe += 1
+    wall = time.perf_counter() - t0
+    return GenerateResult(tokens=out, nfe=nfe, wall_time_s=wall, steps=steps, mode=mode, blocks=nblocks)
+
+
+def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla", max_new_tokens: int = 128,
+             threshold: float = 0.9, draft_budget: int = 8, draft_graph=None,
+             stop_at_eos: bool = True) -> GenerateResult:
+    """Greedy block-diffusion decoding of ``prompt_ids`` (1-D int64).
+
+    ``mode="vanilla"``: one forward per denoising step. ``mode="spiffy"``: each forward also verifies up
+    to ``draft_budget`` draft states from ``draft_graph`` (a path, dict or ``DraftGraph``; ``None`` ->
+    ``default_draft_graph(block_size)``); the output tokens equal vanilla's (P5).
+
+    Stops after ``max_new_tokens`` tokens or (``stop_at_eos``) after the first eos, which is included in
+    ``tokens``. Positions past those are never decoded, so the last block may end early.
+    """
+    _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos)
+    B = int(model.config.block_size)
+    graph = None
+    if mode == "spiffy":
+        graph = load_draft_graph(default_draft_graph(B) if draft_graph is None else draft_graph, B)
+    elif draft_graph is not None:
+        load_draft_graph(draft_graph, B)  # still reject a malformed graph
+    with torch.inference_mode():
+        return _decode(model, prompt_ids, mode, max_new_tokens, float(threshold), draft_budget, graph,
+                       stop_at_eos)
+
+
+def record_traces(model, prompts, max_new_tokens: int = 128, threshold: float = 0.9,
+                  stop_at_eos: bool = True) -> dict:
+    """Run vanilla decoding on every prompt and record, per block, the state before each step and that
+    step's per-position confidence / argmax (plus the final state). JSON-serialisable::
+
+        {"block_size", "sub_block_size", "mask_token_id", "threshold",
+         "blocks": [{"states": [[B ints] * (n+1)], "conf": [[B floats] * n], "argmax": [[B ints] * n]}]}
+    """
+    B, sb, mask_id, _ = _model_consts(model)
+    blocks: list = []
+    for i, p in enumerate(prompts):
+        if not isinstance(p, torch.Tensor):
+            p = torch.tensor(list(p), dtype=torch.long)
+        _validate(p, "vanilla", max_new_tokens, threshold, 0, stop_at_eos)
+        with torch.inference_mode():
+            _decode(model, p, "vanilla", max_new_tokens, float(threshold), 0, None, stop_at_eos,
+                    trace=blocks)
+    return {"block_size": B, "sub_block_size": sb, "mask_token_id": mask_id, "threshold": float(threshold),
+            "blocks": [b for b in blocks if b["conf"]]}

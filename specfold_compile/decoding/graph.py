@@ -1,0 +1,346 @@
+"""Spiffy draft graphs: file format, validation, the built-in default, and run-time drafting + pruning.
+
+A draft node ``(level k >= 1, ranks S)`` stands for "the next main state X' with argmax(L) committed at
+the masked positions of X' whose confidence rank (see ``commit.rank_masked_positions``) is in S".
+Node ``(k, S)`` is a child of ``(k-1, S')`` when ``S'`` is a strict subset of ``S``; level-1 nodes are
+children of the root (X' itself). A node may have several parents (DAG).
+
+File format (JSON)::
+
+    {"version": 1, "block_size": B, "max_rank": r,
+     "nodes": [{"level": k, "ranks": [..]}, ...]}          # optional per node: "parents": [indices]
+
+Without ``"parents"`` the parents of a node are all listed nodes one level up whose rank set is a strict
+subset of its own. With ``"parents"`` (indices into ``nodes``) each listed parent must be such a node.
+Ranks are 1-based and lie in ``1..block_size-1`` (position 0 of a block is always the committed seed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from .commit import rank_masked_positions
+
+__all__ = [
+    "DraftGraph",
+    "load_draft_graph",
+    "save_draft_graph",
+    "default_draft_graph",
+    "build_drafts",
+    "prune_nodes",
+]
+
+GRAPH_VERSION = 1
+
+
+@dataclass(frozen=True)
+class DraftGraph:
+    """A validated draft graph. ``nodes[i] = (level, ranks)`` in topological order (by level);
+    ``parents[i]`` = tuple of node indices (empty for level 1: parent is the root)."""
+
+    block_size: int
+    max_rank: int
+    nodes: tuple[tuple[int, frozenset[int]], ...]
+    parents: tuple[tuple[int, ...], ...]
+    children: tuple[tuple[int, ...], ...] = field(default=())
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def to_dict(self) -> dict:
+        return {
+            "version": GRAPH_VERSION,
+            "block_size": self.block_size,
+            "max_rank": self.max_rank,
+            "nodes": [
+                {"level": k, "ranks": sorted(s), "parents": list(p)}
+                for (k, s), p in zip(self.nodes, self.parents)
+            ],
+        }
+
+
+def _err(msg: str) -> ValueError:
+    return ValueError(f"draft_graph: {msg}")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def load_draft_graph(graph, block_size: int) -> DraftGraph:
+    """Validate a draft graph given as a path (str / PathLike, JSON), a dict, or a ``DraftGraph``.
+
+    Raises ``ValueError`` naming the problem: unreadable / non-JSON file, wrong version, block size that
+    differs from ``block_size``, ranks outside ``1..block_size-1`` or above ``max_rank``, empty or
+    duplicate rank lists, duplicate nodes, a level-k node with no possible parent, bad parent lists.
+    Nodes are re-ordered by level (stable), parent indices remapped accordingly.
+    """
+    if not _is_int(block_size) or block_size < 2:
+        raise ValueError(f"block_size must be an int >= 2, got {block_size!r}")
+    if isinstance(graph, DraftGraph):
+        graph = graph.to_dict()
+    if isinstance(graph, (str, os.PathLike)):
+        try:
+            with open(graph, "r", encoding="utf-8") as f:
+                graph = json.load(f)
+        except OSError as e:
+            raise _err(f"cannot read file {os.fspath(graph)!r}: {e}") from e
+        except json.JSONDecodeError as e:
+            raise _err(f"file is not valid JSON: {e}") from e
+    if not isinstance(graph, dict):
+        raise _err(f"expected a dict, a path or a DraftGraph, got {type(graph).__name__}")
+    if graph.get("version") != GRAPH_VERSION:
+        raise _err(f"unsupported version {graph.get('version')!r} (expected {GRAPH_VERSION})")
+    gb = graph.get("block_size", block_size)
+    if not _is_int(gb) or gb != block_size:
+        raise _err(f"block_size {gb!r} does not fit the model's block size {block_size}")
+    nodes_in = graph.get("nodes")
+    if not isinstance(nodes_in, list):
+        raise _err("'nodes' must be a list")
+    max_rank = graph.get("max_rank", block_size - 1)
+    if not _is_int(max_rank) or not 1 <= max_rank <= block_size - 1:
+        raise _err(f"max_rank {max_rank!r} outside 1..{block_size - 1}")
+
+    raw = []
+    seen = set()
+    for i, nd in enumerate(nodes_in):
+        if not isinstance(nd, dict):
+            raise _err(f"node {i} is not an object")
+        k = nd.get("level")
+        if not _is_int(k) or k < 1:
+            raise _err(f"node {i}: level {k!r} is not an int >= 1")
+        ranks = nd.get("ranks")
+        if not isinstance(ranks, (list, tuple)) or len(ranks) == 0:
+            raise _err(f"node {i}: 'ranks' must be a non-empty list")
+        for r in ranks:
+            if not _is_int(r):
+                raise _err(f"node {i}: rank {r!r} is not an int")
+            if not 1 <= r <= block_size - 1:
+                raise _err(f"node {i}: rank {r} outside 1..{block_size - 1}")
+            if r > max_rank:
+                raise _err(f"node {i}: rank {r} above max_rank {max_rank}")
+        s = frozenset(ranks)
+        if len(s) != len(ranks):
+            raise _err(f"node {i}: duplicate ranks {list(ranks)}")
+        if len(s) < k:
+            raise _err(f"node {i}: a level-{k} node needs at least {k} ranks (one per step), got {len(s)}")
+        if (k, s) in seen:
+            raise _err(f"node {i}: duplicate node (level {k}, ranks {sorted(s)})")
+        seen.add((k, s))
+        par = nd.get("parents")
+        if par is not None:
+            if not isinstance(par, (list, tuple)) or not all(_is_int(p) for p in par):
+                raise _err(f"node {i}: 'parents' must be a list of node indices")
+        raw.append((k, s, par))
+
+    order = sorted(range(len(raw)), key=lambda i: raw[i][0])  # stable: by level
+    new_index = {old: new for new, old in enumerate(order)}
+    nodes = tuple((raw[i][0], raw[i][1]) for i in order)
+    by_level: dict[int, list[int]] = {}
+    for j, (k, _) in enumerate(nodes):
+        by_level.setdefault(k, []).append(j)
+
+    parents = []
+    for j, old in enumerate(order):
+        k, s, par = raw[old]
+        if par is None:
+            if k == 1:
+                ps = ()
+            else:
+                ps = tuple(q for q in by_level.get(k - 1, []) if nodes[q][1] < s)
+                if not ps:
+                    raise _err(f"node {old} (level {k}, ranks {sorted(s)}) has no possible parent: "
+                               f"no level-{k - 1} node with a strict subset of its ranks")
+        else:
+            if k == 1:
+                if len(par) != 0:
+                    raise _err(f"node {old}: a level-1 node's parent is the root; 'parents' must be empty")
+                ps = ()
+            else:
+                if len(par) == 0:
+                    raise _err(f"node {old} (level {k}) has no parent")
+                ps_l = []
+                for p in par:
+                    if not 0 <= p < len(raw):
+                        raise _err(f"node {old}: parent index {p} out of range")
+                    pk, pset, _ = raw[p]
+                    if pk != k - 1 or not pset < s:
+                        raise _err(f"node {old}: node {p} (level {pk}, ranks {sorted(pset)}) cannot be "
+                                   f"its parent (needs level {k - 1} and a strict subset of its ranks)")
+                    ps_l.append(new_index[p])
+                ps = tuple(sorted(set(ps_l)))
+        parents.append(ps)
+
+    children = [[] for _ in nodes]
+    for j, ps in enumerate(parents):
+        for p in ps:
+            children[p].append(j)
+    return DraftGraph(block_size=block_size, max_rank=max_rank, nodes=nodes,
+                      parents=tuple(parents), children=tuple(tuple(c) for c in children))
+
+
+def save_draft_graph(graph, path) -> None:
+    """Write a graph (dict or DraftGraph) as JSON. Dicts are written as given (after validation)."""
+    if isinstance(graph, DraftGraph):
+        d = graph.to_dict()
+    elif isinstance(graph, dict):
+        d = graph
+        if not _is_int(d.get("block_size")):
+            raise _err("a graph dict to save needs an int 'block_size'")
+        load_draft_graph(d, d["block_size"])
+    else:
+        raise TypeError(f"graph must be a dict or DraftGraph, got {type(graph).__name__}")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(d, f, indent=1)
+        f.write("\n")
+
+
+def default_draft_graph(block_size: int, max_level: int = 4, width: int = 4) -> dict:
+    """Built-in graph used when ``draft_graph`` is None: rank-prefix chains.
+
+    Level ``k`` holds the nodes ``{1..n}`` for ``k <= n <= k + width - 1`` (ranks capped at
+    ``block_size - 1``): "the next ``k`` steps commit the ``n`` most confident masked positions". These
+    are the commits a threshold rule makes when confidence ranks are stable, which is the common case;
+    a calibrated graph (``calibrate``) replaces it for real models.
+    """
+    top = block_size - 1
+    nodes = []
+    for k in range(1, max_level + 1):
+        for n in range(k, min(k + width - 1, top) + 1):
+            nodes.append({"level": k, "ranks": list(range(1, n + 1))})
+    return {"version": GRAPH_VERSION, "block_size": block_size,
+            "max_rank": min(max_level + width - 1, top), "nodes": nodes}
+
+
+# ----------------------------------------------------------------------------------------------------
+# run time: instantiate the graph on a state, prune, build rows
+
+
+def prune_nodes(scores: list[float], parents: list[tuple[int, ...]], budget: int) -> list[int]:
+    """Choose ``min(budget, len(scores))`` nodes forming an ancestor-closed set: every chosen node is a
+    child of the root or has at least one chosen parent, so it is reachable from the root.
+
+    ``parents[i]`` holds node indices < i (topological order) and ``-1`` for the root; an empty tuple
+    also means "child of the root". Each node's value is its subtree
+    accumulation ``t(i) = scores[i] * (1 + sum_{children c} t(c))`` (expected number of accepted rows
+    below and at i when ``scores`` are acceptance probabilities); nodes are taken greedily by highest
+    ``t`` among the currently reachable ones (ties: lower index). Returns the chosen indices, ascending.
+    """
+    n = len(scores)
+    if budget <= 0 or n == 0:
+        return []
+    children = [[] for _ in range(n)]
+    for i, ps in enumerate(parents):
+        for p in ps:
+            if p >= 0:
+                children[p].append(i)
+    t = [0.0] * n
+    for i in range(n - 1, -1, -1):
+        t[i] = scores[i] * (1.0 + sum(t[c] for c in children[i]))
+    chosen: set[int] = set()
+    frontier = {i for i in range(n) if not parents[i] or -1 in parents[i]}
+    while frontier and len(chosen) < budget:
+        best = min(frontier, key=lambda i: (-t[i], i))
+        frontier.discard(best)
+        chosen.add(best)
+        for c in children[best]:
+            if c not in chosen:
+                frontier.add(c)
+    return sorted(chosen)
+
+
+@dataclass
+class Drafts:
+    """Draft rows for one verification call (row 0, the main state, is not included)."""
+
+    states: list[torch.Tensor]          # [B] int64 each
+    parents: list[int]                  # fold parent row (0 = main) for each draft, in row numbering
+    keys: list[tuple[int, ...]]         # rank sets (sorted), for stats / debugging
+
+
+def build_drafts(root: torch.Tensor, conf: torch.Tensor, tok: torch.Tensor, graph: DraftGraph,
+                 mask_id: int, sub_block_size: int | None, budget: int,
+                 is_finished=None) -> Drafts:
+    """Instantiate ``graph`` on the main state ``root`` (= X') using the previous logits' ``(conf, tok)``
+    (= L), drop useless drafts, prune to ``budget`` and return rows in topological order.
+
+    A node's effective rank set is its ranks that exist (<= number of masked positions). Nodes with the
+    same effective set are the same state and merge into one draft; drafts equal to the root, or
+    finished (``is_finished(state)``, e.g. complete: their logits are never needed), are dropped, and
+    their children re-attach to the surviving ancestors (a dropped root-equal parent means the root).
+    Score = geometric mean of ``conf`` over the draft's tokens. Fold parent = first parent in row order.
+    """
+    order = rank_masked_positions(root, conf, mask_id, sub_block_size)
+    m = len(order)
+    if budget <= 0 or m == 0 or len(graph) == 0:
+        return Drafts([], [], [])
+    logc = [math.log(max(float(c), 1e-30)) for c in conf.tolist()]
+
+    # candidate per distinct effective key; node -> candidate id (or -1 for root, None for dropped)
+    cand_of_key: dict[frozenset, int] = {}
+    cand_keys: list[frozenset] = []
+    cand_parents: list[set] = []
+    node_cand: list = []
+    for j, (_, s) in enumerate(graph.nodes):
+        eff = frozenset(r for r in s if r <= m)
+        if not eff:
+            node_cand.append(-1)
+            continue
+        if len(eff) == m:  # complete w.r.t. masked positions -> finished block, never verified
+            node_cand.append(None)
+            continue
+        c = cand_of_key.get(eff)
+        if c is None:
+            c = len(cand_keys)
+            cand_of_key[eff] = c
+            cand_keys.append(eff)
+            cand_parents.append(set())
+        node_cand.append(c)
+        for p in graph.parents[j]:
+            pc = node_cand[p]
+            if pc is None:
+                continue  # parent complete => so is this node; cannot happen, kept for safety
+            if pc != c:
+                cand_parents[c].add(pc)
+        if not graph.parents[j]:
+            cand_parents[c].add(-1)
+
+    # states, finished filter
+    states = []
+    alive = []
+    for key in cand_keys:
+        st = root.clone()
+        pos = torch.tensor([order[r - 1] for r in sorted(key)], dtype=torch.long)
+        st[pos] = tok[pos]
+        states.append(st)
+        alive.append(not (is_finished is not None and is_finished(st)))
+    # a finished candidate's descendants are finished too (supersets), so just drop them
+
+    # topological order: strict-subset parents have smaller keys; sort by (size, first appearance)
+    idx = [c for c in range(len(cand_keys)) if alive[c]]
+    idx.sort(key=lambda c: (len(cand_keys[c]), c))
+    pos_of = {c: i for i, c in enumerate(idx)}
+    scores, parents = [], []
+    for c in idx:
+        key = cand_keys[c]
+        scores.append(math.exp(sum(logc[order[r - 1]] for r in key) / len(key)))
+        ps = sorted(pos_of[p] for p in cand_parents[c] if p != -1 and p in pos_of)
+        if -1 in cand_parents[c]:
+            ps.insert(0, -1)
+        # (all parents dropped cannot happen: a dropped parent is finished, hence so is c)
+        parents.append(tuple(ps))
+    keep = prune_nodes(scores, parents, budget)
+    row_of = {i: r + 1 for r, i in enumerate(keep)}  # candidate position -> row number
+    out_states, out_parents, out_keys = [], [], []
+    for i in keep:
+        c = idx[i]
+        ps = [0 if p == -1 else row_of[p] for p in parents[i] if p == -1 or p in row_of]
+        out_states.append(states[c])
+        out_parents.append(min(ps) if ps else 0)
+        out_keys.append(tuple(sorted(cand_keys[c])))
+    return Drafts(out_states, out_parents, out_keys)

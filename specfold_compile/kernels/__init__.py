@@ -1,0 +1,68 @@
+"""Triton kernels of the folded verification forward, each with a pure-torch reference twin.
+
+Importing this package never requires triton or a GPU: the references are always available, and
+the Triton launchers are imported only when triton is importable. ``triton_available()`` says
+whether the launchers can run here (a CUDA device, or the interpreter via TRITON_INTERPRET=1).
+Set TRITON_INTERPRET before importing this package when running the kernels on CPU.
+"""
+from __future__ import annotations
+
+import os
+
+from .attention_ref import (
+    block_attention_ref,
+    branch_attention_ref,
+    merge_states,
+    prefix_attention_ref,
+)
+from .gate_ref import fold_flags_ref, fold_gate_ref, resolve_folds_ref
+from .packed_linear_ref import packed_linear_ref
+
+try:  # pragma: no cover - depends on the environment
+    import triton  # noqa: F401
+
+    _TRITON_IMPORT_ERROR: Exception | None = None
+except Exception as exc:  # ImportError, or a broken install
+    _TRITON_IMPORT_ERROR = exc
+
+if _TRITON_IMPORT_ERROR is None:
+    from .attention import block_attention, branch_attention, prefix_attention
+    from .gate import fold_gate, resolve_folds
+    from .packed_linear import packed_linear
+else:
+    def _missing(name):
+        def fn(*args, **kwargs):
+            raise RuntimeError(f"{name} needs triton, which failed to import: {_TRITON_IMPORT_ERROR!r}")
+        fn.__name__ = name
+        return fn
+
+    fold_gate = _missing("fold_gate")
+    resolve_folds = _missing("resolve_folds")
+    prefix_attention = _missing("prefix_attention")
+    block_attention = _missing("block_attention")
+    branch_attention = _missing("branch_attention")
+    packed_linear = _missing("packed_linear")
+
+
+def triton_available() -> bool:
+    """True when the Triton launchers can run: triton imports and either a CUDA device is present
+    or the interpreter is enabled (TRITON_INTERPRET=1)."""
+    if _TRITON_IMPORT_ERROR is not None:
+        return False
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return True
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+__all__ = [
+    "triton_available",
+    "fold_gate", "resolve_folds", "fold_gate_ref", "fold_flags_ref", "resolve_folds_ref",
+    "prefix_attention", "block_attention", "branch_attention",
+    "prefix_attention_ref", "block_attention_ref", "branch_attention_ref", "merge_states",
+    "packed_linear", "packed_linear_ref",
+]

@@ -1,0 +1,242 @@
+"""Triton folded attention: prefix attention with (o, lse) states, block attention through the
+origin map merged with the prefix state, and dense branch attention built from the two.
+
+Layout of a program's M dimension: the GQA group's query heads and a tile of rows are flattened
+together (m -> row = m // G, head = kv_head * G + m % G), so all query heads of the group share
+one K/V tile load and the group size needs no power-of-two padding. Natural-log LSE, fp32 states.
+Every load is converted to fp32 at once; dot operands are cast back to the storage dtype right
+before ``tl.dot`` (exact, because they came from that dtype), except the softmax weights P, which
+are rounded to the storage dtype for the PV product as in FlashAttention.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _common
+
+from ._common import dot_precision, interpreting, tl_dtype
+
+
+@triton.jit
+def _prefix_attn_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, count_ptr, scale,
+    R, P,
+    stride_qr, stride_qh,
+    stride_kh, stride_kp,
+    stride_vh, stride_vp,
+    stride_or, stride_oh,
+    stride_lr, stride_lh,
+    HAS_COUNT: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, DOT_T: tl.constexpr, PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1).to(tl.int64)
+    m0 = pid * BLOCK_M
+    if HAS_COUNT:
+        cnt = tl.load(count_ptr)
+        if m0 // G >= cnt:
+            return
+    mi = m0 + tl.arange(0, BLOCK_M)
+    row = mi // G
+    head = kvh * G + mi % G
+    mvalid = row < R
+    dd = tl.arange(0, BLOCK_D)
+    dmask = dd < D
+    row64 = row.to(tl.int64)
+    q = tl.load(q_ptr + row64[:, None] * stride_qr + head[:, None] * stride_qh + dd[None, :],
+                mask=mvalid[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+    q_dot = q.to(DOT_T)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    k_base = k_ptr + kvh * stride_kh
+    v_base = v_ptr + kvh * stride_vh
+    for p0 in range(0, P, BLOCK_P):
+        pp = p0 + tl.arange(0, BLOCK_P)
+        pmask = pp < P
+        kv_mask = pmask[:, None] & dmask[None, :]
+        k = tl.load(k_base + pp[:, None].to(tl.int64) * stride_kp + dd[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        s = tl.dot(q_dot, tl.trans(k.to(DOT_T)), input_precision=PREC) * scale
+        s = tl.where(pmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + pp[:, None].to(tl.int64) * stride_vp + dd[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_T), v.to(DOT_T), input_precision=PREC)
+        m_i = m_new
+    has = l_i > 0.0
+    o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
+    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    tl.store(o_ptr + row64[:, None] * stride_or + head[:, None] * stride_oh + dd[None, :], o,
+             mask=mvalid[:, None] & dmask[None, :])
+    tl.store(lse_ptr + row64 * stride_lr + head * stride_lh, lse, mask=mvalid)
+
+
+@triton.jit
+def _block_attn_kernel(
+    q_ptr, k_ptr, v_ptr, slot_ptr, opre_ptr, lsepre_ptr, out_ptr, scale,
+    B, N_MT,
+    stride_qr, stride_qh,
+    stride_kr, stride_kh,
+    stride_vr, stride_vh,
+    stride_sn,
+    stride_pr, stride_ph,
+    stride_lr, stride_lh,
+    stride_on, stride_ob, stride_oh,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, DOT_T: tl.constexpr, PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1).to(tl.int64)
+    n = (pid // N_MT).to(tl.int64)
+    mt = pid % N_MT
+    mi = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+    b = mi // G
+    head = kvh * G + mi % G
+    mvalid = b < B
+    dd = tl.arange(0, BLOCK_D)
+    dmask = dd < D
+    qmask = mvalid[:, None] & dmask[None, :]
+    # query rows through the origin map
+    qrow = tl.load(slot_ptr + n * stride_sn + b, mask=mvalid, other=0)
+    q = tl.load(q_ptr + qrow[:, None] * stride_qr + head[:, None] * stride_qh + dd[None, :],
+                mask=qmask, other=0.0).to(tl.float32)
+    # the branch's own block: keys/values of (n, j) through the origin map
+    jj = tl.arange(0, BLOCK_J)
+    jmask = jj < B
+    krow = tl.load(slot_ptr + n * stride_sn + jj, mask=jmask, other=0)
+    kv_mask = jmask[:, None] & dmask[None, :]
+    k = tl.load(k_ptr + krow[:, None] * stride_kr + kvh * stride_kh + dd[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + krow[:, None] * stride_vr + kvh * stride_vh + dd[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+    s = tl.dot(q.to(DOT_T), tl.trans(k.to(DOT_T)), input_precision=PREC) * scale
+    s = tl.where(jmask[None, :], s, float("-inf"))
+    m_b = tl.max(s, axis=1)
+    m_b = tl.where(mvalid, m_b, 0.0)
+    p = tl.exp(s - m_b[:, None])
+    l_b = tl.sum(p, axis=1)
+    acc = tl.dot(p.to(DOT_T), v.to(DOT_T), input_precision=PREC)
+    l_safe = tl.where(l_b > 0.0, l_b, 1.0)
+    o_blk = acc / l_safe[:, None]
+    lse_blk = tl.where(l_b > 0.0, m_b + tl.log(l_safe), float("-inf"))
+    # prefix state of the origin row
+    o_pre = tl.load(opre_ptr + qrow[:, None] * stride_pr + head[:, None] * stride_ph + dd[None, :],
+                    mask=qmask, other=0.0).to(tl.float32)
+    lse_pre = tl.load(lsepre_ptr + qrow * stride_lr + head * stride_lh, mask=mvalid,
+                      other=float("-inf")).to(tl.float32)
+    # merge (same math as attention_ref.merge_states): weights first, then scale outputs
+    m = tl.maximum(lse_pre, lse_blk)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w1 = tl.exp(lse_pre - m_safe)
+    w2 = tl.exp(lse_blk - m_safe)
+    den = w1 + w2
+    ok = den > 0.0
+    inv = tl.where(ok, 1.0 / tl.where(ok, den, 1.0), 0.0)
+    a1 = w1 * inv
+    a2 = w2 * inv
+    o = tl.where(a1[:, None] > 0.0, a1[:, None] * o_pre, 0.0) + tl.where(a2[:, None] > 0.0, a2[:, None] * o_blk, 0.0)
+    out_off = n * stride_on + b.to(tl.int64)[:, None] * stride_ob + head[:, None] * stride_oh + dd[None, :]
+    tl.store(out_ptr + out_off, o.to(out_ptr.dtype.element_ty), mask=qmask)
+
+
+def _check_last_contig(*ts):
+    for t in ts:
+        assert t.stride(-1) == 1 or t.shape[-1] == 1, "last dim must be contiguous"
+
+
+def _prefix_config(M_total: int, D: int):
+    if interpreting():
+        return 16, 16, 4
+    block_m = 64 if M_total <= 64 * 132 else 128
+    return block_m, 64, 4 if block_m == 64 else 8
+
+
+def prefix_attention(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.Tensor, scale: float,
+                     count: torch.Tensor | None = None):
+    """q [R,Hq,D] (strided ok, last dim contiguous); k_pre, v_pre [Hkv,P,D] (strided views ok).
+    Returns (o [R,Hq,D] float32, lse [R,Hq] float32, natural log). With `count` (int64 0-d device
+    tensor), rows >= count are skipped (their outputs are unspecified)."""
+    R, Hq, D = q.shape
+    Hkv, P, Dk = k_pre.shape
+    assert Dk == D and v_pre.shape == k_pre.shape and Hq % Hkv == 0
+    _check_last_contig(q, k_pre, v_pre)
+    G = Hq // Hkv
+    o = _common.empty((R, Hq, D), torch.float32, q.device)
+    lse = _common.empty((R, Hq), torch.float32, q.device)
+    if R == 0:
+        return o, lse
+    BLOCK_M, BLOCK_P, num_warps = _prefix_config(R * G, D)
+    BLOCK_D = max(16, triton.next_power_of_2(D))
+    grid = (triton.cdiv(R * G, BLOCK_M), Hkv)
+    _prefix_attn_kernel[grid](
+        q, k_pre, v_pre, o, lse, count if count is not None else o, float(scale),
+        R, P,
+        q.stride(0), q.stride(1),
+        k_pre.stride(0), k_pre.stride(1),
+        v_pre.stride(0), v_pre.stride(1),
+        o.stride(0), o.stride(1),
+        lse.stride(0), lse.stride(1),
+        HAS_COUNT=count is not None, G=G, D=D, BLOCK_D=BLOCK_D,
+        BLOCK_M=BLOCK_M, BLOCK_P=BLOCK_P, DOT_T=tl_dtype(q.dtype), PREC=dot_precision(q.dtype),
+        num_warps=num_warps, num_stages=2,
+    )
+    return o, lse
+
+
+def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: torch.Tensor,
+                    o_pre: torch.Tensor, lse_pre: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [R,Hq,D], k,v [R,Hkv,D] (packed rows), slot int64 [N,B], o_pre [R,Hq,D] f32,
+    lse_pre [R,Hq] f32 -> o [N,B,Hq,D] in q.dtype: each (n,b) attends with q[slot[n,b]] over
+    k/v[slot[n,0..B-1]] and the result is merged with the prefix state at slot[n,b]."""
+    R, Hq, D = q.shape
+    Hkv = k.shape[1]
+    N, B = slot.shape
+    assert Hq % Hkv == 0 and k.shape[-1] == D and v.shape == k.shape
+    _check_last_contig(q, k, v, o_pre)
+    if slot.stride(-1) != 1:
+        slot = slot.contiguous()
+    G = Hq // Hkv
+    out = _common.empty((N, B, Hq, D), q.dtype, q.device)
+    if N == 0 or B == 0:
+        return out
+    BLOCK_J = max(16, triton.next_power_of_2(B))
+    BLOCK_D = max(16, triton.next_power_of_2(D))
+    if interpreting():
+        BLOCK_M, num_warps = 16, 4
+    else:
+        BLOCK_M = min(128, max(16, triton.next_power_of_2(B * G)))
+        num_warps = 4 if BLOCK_M <= 64 else 8
+    n_mt = triton.cdiv(B * G, BLOCK_M)
+    grid = (N * n_mt, Hkv)
+    _block_attn_kernel[grid](
+        q, k, v, slot, o_pre, lse_pre, out, float(scale),
+        B, n_mt,
+        q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1),
+        v.stride(0), v.stride(1),
+        slot.stride(0),
+        o_pre.stride(0), o_pre.stride(1),
+        lse_pre.stride(0), lse_pre.stride(1),
+        out.stride(0), out.stride(1), out.stride(2),
+        G=G, D=D, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_J=BLOCK_J,
+        DOT_T=tl_dtype(q.dtype), PREC=dot_precision(q.dtype),
+        num_warps=num_warps, num_stages=1,
+    )
+    return out
+
+
+def branch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pre: torch.Tensor,
+                     v_pre: torch.Tensor, scale: float) -> torch.Tensor:
+    """Dense multi-branch attention: q [N,B,Hq,D], k,v [N,B,Hkv,D], shared prefix k_pre, v_pre
+    [Hkv,P,D] (never copied). Each branch attends to the prefix and bidirectionally to its own
+    block. Returns [N,B,Hq,D] in q.dtype."""
+    N, B, Hq, D = q.shape
+    Hkv = k.shape[2]
+    qf = q.reshape(N * B, Hq, D)
+    kf = k.reshape(N * B, Hkv, D)
+    vf = v.reshape(N * B, Hkv, D)
+    o_pre, lse_pre = prefix_attention(qf, k_pre, v_pre, scale)
+    slot = torch.arange(N * B, device=q.device, dtype=torch.int64).view(N, B)
+    return block_attention(qf, kf, vf, slot, o_pre, lse_pre, scale)

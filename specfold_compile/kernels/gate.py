@@ -1,0 +1,143 @@
+"""Triton fold gate: fold flags, origin resolution and compaction, without host synchronisation.
+
+Two launches, grids depend on shapes only:
+  1. ``_fold_flag_kernel``: one program per BLOCK_ROWS rows (n, b); fp32 sums of squares of the
+     row-minus-parent difference and of the parent row, chunked over C.
+  2. ``_resolve_kernel``: a single program; holds the [N, B] fold tile in registers, computes the
+     compaction positions with ``tl.cumsum`` (deterministic), then walks rows in topological order,
+     resolving origin and slot by gathering the parent row from the register tile.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _common
+
+
+@triton.jit
+def _fold_flag_kernel(
+    h_ptr, parents_ptr, tau_ptr, fold_ptr,
+    NB, B, C,
+    stride_hn, stride_hb,
+    BLOCK_ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    flat = pid * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    valid = flat < NB
+    n = flat // B
+    b = flat % B
+    p = tl.load(parents_ptr + n, mask=valid & (n >= 1), other=0)
+    p = tl.maximum(p, 0)
+    row_off = n.to(tl.int64) * stride_hn + b.to(tl.int64) * stride_hb
+    par_off = p.to(tl.int64) * stride_hn + b.to(tl.int64) * stride_hb
+    ss_diff = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+    ss_par = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+    for c0 in range(0, C, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        m = valid[:, None] & (cols[None, :] < C)
+        x = tl.load(h_ptr + row_off[:, None] + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        y = tl.load(h_ptr + par_off[:, None] + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        d = x - y
+        ss_diff += tl.sum(d * d, axis=1)
+        ss_par += tl.sum(y * y, axis=1)
+    tau = tl.load(tau_ptr).to(tl.float32)
+    # sqrt-norm comparison keeps every edge case: NaN compares False, tau = 0 or a zero parent
+    # gives "x < 0" which is False for any x >= 0.
+    fold = (tl.sqrt(ss_diff) < tau * tl.sqrt(ss_par)) & (n >= 1)
+    tl.store(fold_ptr + flat, fold.to(tl.int8), mask=valid)
+
+
+@triton.jit
+def _resolve_kernel(
+    fold_ptr, parents_ptr, origin_ptr, rows_ptr, count_ptr, slot_ptr,
+    N, B,
+    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+):
+    rn = tl.arange(0, BLOCK_N)
+    rb = tl.arange(0, BLOCK_B)
+    valid = (rn[:, None] < N) & (rb[None, :] < B)
+    flat = rn[:, None] * B + rb[None, :]                       # int32 flat index n*B+b
+    fold = tl.load(fold_ptr + flat, mask=valid, other=0) != 0
+    fold = fold & (rn[:, None] >= 1)
+    computed = valid & (fold == 0)
+    ci = computed.to(tl.int32)
+    # exclusive prefix over flat (row-major) order: rows before n, then lanes before b in row n
+    in_row = tl.cumsum(ci, axis=1)                              # inclusive within row
+    row_tot = tl.sum(ci, axis=1)
+    row_excl = tl.cumsum(row_tot, axis=0) - row_tot
+    pos = row_excl[:, None] + in_row - 1                        # valid where computed
+    count = tl.sum(row_tot, axis=0)
+
+    origin = flat
+    slot = pos
+    for n in range(1, N):
+        p = tl.load(parents_ptr + n).to(tl.int32)
+        is_p = rn[:, None] == p
+        par_origin = tl.sum(tl.where(is_p, origin, 0), axis=0)  # [BLOCK_B] gather of row p
+        par_slot = tl.sum(tl.where(is_p, slot, 0), axis=0)
+        upd = (rn[:, None] == n) & fold
+        origin = tl.where(upd, par_origin[None, :], origin)
+        slot = tl.where(upd, par_slot[None, :], slot)
+
+    tl.store(origin_ptr + flat, origin.to(tl.int64), mask=valid)
+    tl.store(slot_ptr + flat, slot.to(tl.int64), mask=valid)
+    # compaction: scatter computed flat indices to their positions; zero the tail [count, N*B)
+    tl.store(rows_ptr + pos, flat.to(tl.int64), mask=computed)
+    tl.store(rows_ptr + flat, tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.int64), mask=valid & (flat >= count))
+    tl.store(count_ptr, count.to(tl.int64))
+
+
+def _fold_flags(h: torch.Tensor, parents: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    N, B, C = h.shape
+    if h.stride(-1) != 1:
+        h = h.contiguous()
+    fold = _common.empty((N, B), torch.int8, h.device)
+    NB = N * B
+    if NB == 0:
+        return fold.view(torch.bool)
+    BLOCK_C = min(triton.next_power_of_2(max(C, 1)), 1024)
+    BLOCK_ROWS = 4 if BLOCK_C >= 512 else 16
+    grid = (triton.cdiv(NB, BLOCK_ROWS),)
+    _fold_flag_kernel[grid](
+        h, parents, tau, fold, NB, B, C, h.stride(0), h.stride(1),
+        BLOCK_ROWS=BLOCK_ROWS, BLOCK_C=BLOCK_C,
+    )
+    return fold.view(torch.bool)
+
+
+def resolve_folds(fold: torch.Tensor, parents: torch.Tensor):
+    """Origin map + compaction of a given fold mask [N, B] (bool); row 0 is never folded.
+
+    Returns (origin [N,B] int64, rows [N*B] int64, count 0-d int64, slot [N,B] int64).
+    """
+    N, B = fold.shape
+    dev = fold.device
+    fold_i8 = fold.contiguous().view(torch.int8) if fold.dtype == torch.bool else fold.to(torch.int8).contiguous()
+    origin = _common.empty((N, B), torch.int64, dev)
+    slot = _common.empty((N, B), torch.int64, dev)
+    rows = _common.empty((N * B), torch.int64, dev)
+    count = _common.empty((()), torch.int64, dev)
+    parents = parents.contiguous()
+    BLOCK_N = max(triton.next_power_of_2(max(N, 1)), 2)
+    BLOCK_B = max(triton.next_power_of_2(max(B, 1)), 2)
+    _resolve_kernel[(1,)](
+        fold_i8, parents, origin, rows, count, slot, N, B,
+        BLOCK_N=BLOCK_N, BLOCK_B=BLOCK_B, num_warps=4,
+    )
+    return origin, rows, count, slot
+
+
+def fold_gate(h: torch.Tensor, parents: torch.Tensor, tau: torch.Tensor):
+    """Fold gate for h [N, B, C] (fp32/fp16/bf16), parents int64 [N], tau float32 0-d tensor.
+
+    Returns (fold_mask bool [N,B], origin int64 [N,B], rows int64 [N*B], count int64 0-d,
+    slot int64 [N,B]). No host synchronisation.
+    """
+    assert h.dim() == 3, "h must be [N, B, C]"
+    parents = parents.to(device=h.device, dtype=torch.int64).contiguous()
+    tau = tau.to(device=h.device, dtype=torch.float32)
+    fold = _fold_flags(h, parents, tau)
+    origin, rows, count, slot = resolve_folds(fold, parents)
+    return fold, origin, rows, count, slot

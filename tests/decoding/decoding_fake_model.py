@@ -1,0 +1,82 @@
+"""A small deterministic fake block-diffusion model for decoding tests.
+
+Logits of a row depend only on the cache's tokens and on that row's own tokens (rows independent), so
+multi-row verification is exact. Context-dependent base logits keep argmax mostly stable across steps
+(drafts sometimes match); a row-hash-dependent perturbation makes the decoding non-trivial; logits
+sharpen as the row fills up, so the threshold commits several tokens late in a block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+
+@dataclass
+class FakeCache:
+    tokens: tuple
+    next_logits: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+class FakeModel:
+    def __init__(self, block_size=8, sub_block_size=None, vocab_size=16, seed=0, noise=0.35,
+                 sharpen=0.5, scale=2.5, mask_token_id=None, eos_token_id=1):
+        mask = vocab_size - 1 if mask_token_id is None else mask_token_id
+        self.config = SimpleNamespace(block_size=block_size, sub_block_size=sub_block_size,
+                                      mask_token_id=mask, eos_token_id=eos_token_id, vocab_size=vocab_size)
+        g = torch.Generator().manual_seed(seed)
+        self.P, self.Q = 251, 509
+        self.base = torch.randn(self.P, block_size, vocab_size, generator=g)
+        self.base[..., eos_token_id] -= 1.0  # eos possible but not too frequent
+        self.noise = torch.randn(self.Q, block_size, vocab_size, generator=g) * noise
+        self.seed_tab = torch.randn(self.P, vocab_size, generator=g) * 3.0
+        self.seed_tab[:, eos_token_id] -= 2.0
+        self.sharpen, self.scale = sharpen, scale
+        self.calls = []  # ("prefill"|"call"|"write", N)
+
+    @staticmethod
+    def _h(seq, mod):
+        return hash(tuple(int(t) for t in seq)) % mod
+
+    def _make_cache(self, tokens):
+        nl = self.seed_tab[self._h(tokens, self.P)].clone()
+        nl[self.config.mask_token_id] = -1e4
+        return FakeCache(tuple(tokens), nl)
+
+    def prefill(self, prompt_ids):
+        assert prompt_ids.dim() == 1 and prompt_ids.dtype == torch.int64
+        self.calls.append(("prefill", 1))
+        return self._make_cache(prompt_ids.tolist())
+
+    def write_block(self, cache, block):
+        B = self.config.block_size
+        assert block.shape == (B,) and block.dtype == torch.int64
+        assert not bool((block == self.config.mask_token_id).any()), "write_block with a masked block"
+        self.calls.append(("write", 1))
+        return self._make_cache(list(cache.tokens) + block.tolist())
+
+    def __call__(self, tokens, parents, cache):
+        B, V = self.config.block_size, self.config.vocab_size
+        assert tokens.dim() == 2 and tokens.shape[1] == B and tokens.dtype == torch.int64
+        assert parents.shape == (tokens.shape[0],) and int(parents[0]) == -1
+        for n in range(1, tokens.shape[0]):
+            assert 0 <= int(parents[n]) < n
+        self.calls.append(("call", tokens.shape[0]))
+        base = self.base[self._h(cache.tokens, self.P)]
+        out = torch.empty(tokens.shape[0], B, V)
+        for n, row in enumerate(tokens.tolist()):
+            k = sum(1 for t in row if t != self.config.mask_token_id)
+            lg = base * (self.scale * (1.0 + self.sharpen * k)) + self.noise[self._h(row, self.Q)] * (1 + k)
+            lg[:, self.config.mask_token_id] = -1e4
+            out[n] = lg
+        return out
+
+    @property
+    def nfe(self):
+        return len(self.calls)

@@ -1,0 +1,74 @@
+import torch
+
+from specfold_compile.decoding import block_finished, commit, rank_masked_positions, window_positions
+
+M = 99  # mask id
+
+
+def st(*xs):
+    return torch.tensor(xs, dtype=torch.long)
+
+
+def cf(*xs):
+    return torch.tensor(xs, dtype=torch.float32)
+
+
+TOK = torch.arange(10, 18)
+
+
+def test_threshold_commits_all_above():
+    s = st(5, M, M, M, M, M, M, M)
+    c = cf(1.0, 0.95, 0.5, 0.91, 0.9, 0.2, 0.99, 0.1)
+    out = commit(s, c, TOK, M, None, 0.9)
+    assert out.tolist() == [5, 11, M, 13, M, M, 16, M]  # 0.9 is not > 0.9
+
+
+def test_at_least_one_and_ties_lowest_index():
+    s = st(5, M, M, M, M, M, M, M)
+    c = cf(1.0, 0.3, 0.6, 0.2, 0.6, 0.1, 0.5, 0.6)
+    out = commit(s, c, TOK, M, None, 0.9)
+    assert out.tolist() == [5, M, 12, M, M, M, M, M]
+
+
+def test_committed_positions_ignored():
+    s = st(5, 7, M, M, M, M, M, M)
+    c = cf(1.0, 0.99, 0.3, 0.2, 0.1, 0.1, 0.1, 0.4)
+    out = commit(s, c, TOK, M, None, 0.9)
+    assert out.tolist() == [5, 7, M, M, M, M, M, 17]
+
+
+def test_threshold_one_commits_exactly_one():
+    s = st(5, M, M, M, M, M, M, M)
+    c = cf(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
+    out = commit(s, c, TOK, M, None, 1.0)
+    assert (out != M).sum() == 2 and out[1] == 11
+
+
+def test_sub_block_window():
+    s = st(5, 6, 7, 8, M, M, M, M)
+    assert window_positions(s, M, 4).tolist() == [4, 5, 6, 7]
+    s = st(5, M, 7, 8, M, M, M, M)
+    assert window_positions(s, M, 4).tolist() == [1]
+    c = cf(1.0, 0.1, 1, 1, 0.99, 0.99, 0.99, 0.99)
+    # only position 1 (first sub-block) may be committed, although it is the least confident
+    assert commit(s, c, TOK, M, 4, 0.9).tolist() == [5, 11, 7, 8, M, M, M, M]
+    s = st(5, 6, 7, 8, M, M, M, M)
+    assert commit(s, c, TOK, M, 4, 0.9).tolist() == [5, 6, 7, 8, 14, 15, 16, 17]
+    assert commit(s, c, TOK, M, None, 0.995).tolist() == [5, 6, 7, 8, 14, M, M, M]
+
+
+def test_rank_order():
+    s = st(5, M, M, M, M, M, M, M)
+    c = cf(1.0, 0.2, 0.9, 0.5, 0.1, 0.95, 0.5, 0.3)
+    assert rank_masked_positions(s, c, M, None) == [5, 2, 3, 6, 7, 1, 4]
+    assert rank_masked_positions(s, c, M, 4) == [2, 3, 1, 5, 6, 7, 4]
+
+
+def test_block_finished():
+    s = st(5, 6, M, M)
+    assert not block_finished(s, M, 4, None)
+    assert block_finished(s, M, 2, None)
+    assert block_finished(st(5, 1, M, M), M, 4, 1)       # eos with nothing masked before it
+    assert not block_finished(st(5, M, 1, M), M, 4, 1)   # masked position before the eos
+    assert not block_finished(st(5, 1, M, M), M, 4, None)
+    assert block_finished(st(5, 6, 7, 8), M, 4, 1)

@@ -1,0 +1,162 @@
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as hs
+
+from specfold_compile.decoding import (
+    DraftGraph, build_drafts, default_draft_graph, load_draft_graph, prune_nodes, save_draft_graph,
+)
+
+
+@pytest.mark.parametrize("B", [2, 4, 8, 16, 32])
+def test_default_graph_valid(B):
+    g = load_draft_graph(default_draft_graph(B), B)
+    assert isinstance(g, DraftGraph) and len(g) > 0
+    for (k, s), ps in zip(g.nodes, g.parents):
+        assert all(1 <= r <= B - 1 for r in s)
+        assert (k == 1) == (len(ps) == 0)
+
+
+def test_round_trip(tmp_path):
+    d = default_draft_graph(16)
+    g = load_draft_graph(d, 16)
+    p = tmp_path / "g.json"
+    save_draft_graph(g, p)
+    g2 = load_draft_graph(str(p), 16)
+    assert g2 == g
+    save_draft_graph(d, tmp_path / "d.json")
+    assert load_draft_graph(tmp_path / "d.json", 16) == g
+    assert load_draft_graph(g, 16) == g
+
+
+def test_listed_parents_and_dag():
+    d = {"version": 1, "block_size": 8, "max_rank": 4, "nodes": [
+        {"level": 2, "ranks": [1, 2, 3], "parents": [1, 2]},
+        {"level": 1, "ranks": [1]},
+        {"level": 1, "ranks": [1, 2]},
+        {"level": 1, "ranks": [2]},
+    ]}
+    g = load_draft_graph(d, 8)
+    assert g.nodes[3] == (2, frozenset({1, 2, 3}))
+    assert g.parents[3] == (0, 1)
+    d["nodes"][0].pop("parents")  # derived: all level-1 strict subsets
+    assert load_draft_graph(d, 8).parents[3] == (0, 1, 2)
+
+
+def _g(nodes, **kw):
+    d = {"version": 1, "block_size": 8, "nodes": nodes}
+    d.update(kw)
+    return d
+
+
+BAD = [
+    ([1, 2], "expected a dict"),
+    (_g([], version=2), "version"),
+    (_g([], block_size=16), "block_size"),
+    (_g("x"), "'nodes'"),
+    (_g([{"level": 1, "ranks": [8]}]), "rank 8 outside 1..7"),
+    (_g([{"level": 1, "ranks": [0]}]), "outside"),
+    (_g([{"level": 1, "ranks": []}]), "non-empty"),
+    (_g([{"level": 1, "ranks": [1, 1]}]), "duplicate ranks"),
+    (_g([{"level": 0, "ranks": [1]}]), "level"),
+    (_g([{"level": 1, "ranks": [1.5]}]), "not an int"),
+    (_g([{"level": 1, "ranks": [1]}, {"level": 1, "ranks": [1]}]), "duplicate node"),
+    (_g([{"level": 2, "ranks": [1, 2]}]), "no possible parent"),
+    (_g([{"level": 1, "ranks": [2]}, {"level": 2, "ranks": [1, 3]}]), "no possible parent"),
+    (_g([{"level": 1, "ranks": [1]}, {"level": 3, "ranks": [1, 2, 3]}]), "no possible parent"),
+    (_g([{"level": 2, "ranks": [1]}]), "at least 2 ranks"),
+    (_g([{"level": 1, "ranks": [5]}], max_rank=4), "max_rank"),
+    (_g([{"level": 1, "ranks": [1]}, {"level": 2, "ranks": [1, 2], "parents": [5]}]), "out of range"),
+    (_g([{"level": 1, "ranks": [3]}, {"level": 2, "ranks": [1, 2], "parents": [0]}]), "cannot be"),
+    (_g([{"level": 1, "ranks": [1], "parents": [0]}]), "root"),
+    (_g(["x"]), "not an object"),
+]
+
+
+@pytest.mark.parametrize("graph,msg", BAD)
+def test_bad_graphs(graph, msg):
+    with pytest.raises(ValueError, match=msg):
+        load_draft_graph(graph, 8)
+
+
+def test_bad_files(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_draft_graph(p, 8)
+    with pytest.raises(ValueError, match="cannot read"):
+        load_draft_graph(tmp_path / "missing.json", 8)
+    with pytest.raises(ValueError, match="block size"):
+        load_draft_graph(default_draft_graph(32), 16)
+
+
+@hs.composite
+def dags(draw):
+    n = draw(hs.integers(0, 25))
+    parents = []
+    for i in range(n):
+        if i == 0 or draw(hs.booleans()):
+            ps = (-1,) if draw(hs.booleans()) or i == 0 else ()
+        else:
+            ps = ()
+        extra = draw(hs.sets(hs.integers(0, i - 1), max_size=3)) if i > 0 else set()
+        ps = tuple(sorted(set(ps) | extra))
+        if not ps:
+            ps = (-1,)
+        parents.append(ps)
+    scores = draw(hs.lists(hs.floats(0, 1), min_size=n, max_size=n))
+    return scores, parents
+
+
+@settings(max_examples=150, deadline=None)
+@given(dags(), hs.integers(0, 30))
+def test_prune_ancestor_closed(dag, budget):
+    scores, parents = dag
+    keep = prune_nodes(scores, parents, budget)
+    assert len(keep) == min(budget, len(scores)) == len(set(keep))
+    ks = set(keep)
+    for i in keep:
+        assert -1 in parents[i] or any(p in ks for p in parents[i])
+
+
+def test_prune_prefers_confident():
+    # two chains from the root; the confident one is kept first
+    scores = [0.1, 0.9, 0.1, 0.9]
+    parents = [(-1,), (-1,), (0,), (1,)]
+    assert prune_nodes(scores, parents, 2) == [1, 3]
+    assert prune_nodes(scores, parents, 0) == []
+
+
+M = 99
+
+
+@settings(max_examples=80, deadline=None)
+@given(hs.integers(0, 10_000), hs.sampled_from([(8, None), (8, 4), (16, 8), (16, None)]),
+       hs.integers(0, 12), hs.integers(1, 6))
+def test_build_drafts_rows(seed, shape, budget, n_committed):
+    B, sb = shape
+    g = torch.Generator().manual_seed(seed)
+    root = torch.full((B,), M, dtype=torch.long)
+    pos = torch.randperm(B, generator=g)[: min(n_committed, B - 1)]
+    root[0] = 3
+    root[pos] = 5
+    conf = torch.rand(B, generator=g)
+    tok = torch.randint(0, 50, (B,), generator=g)
+    graph = load_draft_graph(default_draft_graph(B), B)
+    d = build_drafts(root, conf, tok, graph, M, sb, budget)
+    assert len(d.states) <= budget
+    seen = {tuple(root.tolist())}
+    rows = [root] + d.states
+    for i, (s, p) in enumerate(zip(d.states, d.parents), start=1):
+        assert 0 <= p < i
+        key = tuple(s.tolist())
+        assert key not in seen
+        seen.add(key)
+        assert bool((s == M).any()), "complete drafts are useless"
+        par = rows[p]
+        committed_par = par != M
+        assert bool((s[committed_par] == par[committed_par]).all())
+        assert int((s != M).sum()) > int(committed_par.sum())
+        new = (s != root)
+        assert bool((s[new] == tok[new]).all()) and bool((root[new] == M).all())

@@ -1,0 +1,164 @@
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+pytest.importorskip("triton")
+
+from specfold_compile.kernels import (  # noqa: E402
+    block_attention, block_attention_ref, branch_attention, branch_attention_ref, merge_states,
+    prefix_attention, prefix_attention_ref, resolve_folds_ref,
+)
+
+from .helpers import DEVICE, DTYPES, randn, tol  # noqa: E402
+
+SETTINGS = dict(deadline=None, max_examples=25)
+GROUPS = [1, 2, 4, 7]
+
+
+def strided_q(R, Hq, D, dtype, gen):
+    """[R, Hq, D] view with a non-trivial row stride (as produced from a [R, 1, Hq, D] buffer
+    with extra room), last dim contiguous."""
+    buf = randn(R, 1, Hq + 1, D, dtype=dtype, gen=gen)
+    return buf[:, 0, 1:, :]
+
+
+def cache_view(Hkv, P, D, dtype, gen):
+    """k_pre, v_pre [Hkv, P, D] as strided views of a bigger [2, L, Hkv, Pmax, D] cache."""
+    cache = randn(2, 2, Hkv, P + 3, D, dtype=dtype, gen=gen)
+    return cache[0, 1, :, 2:P + 2], cache[1, 0, :, 1:P + 1]
+
+
+@settings(**SETTINGS)
+@given(R=st.integers(1, 9), Hkv=st.integers(1, 2), G=st.sampled_from(GROUPS),
+       D=st.sampled_from([8, 16, 24]), P=st.sampled_from([0, 1, 5, 17, 33]),
+       dtype=st.sampled_from(DTYPES), count_mode=st.sampled_from(["none", "zero", "all", "mid"]),
+       seed=st.integers(0, 2**31 - 1))
+def test_prefix_attention(R, Hkv, G, D, P, dtype, count_mode, seed):
+    gen = torch.Generator().manual_seed(seed)
+    Hq = Hkv * G
+    q = strided_q(R, Hq, D, dtype, gen)
+    k_pre, v_pre = cache_view(Hkv, P, D, dtype, gen)
+    scale = 1.0 / math.sqrt(D)
+    c = {"none": R, "zero": 0, "all": R, "mid": R // 2}[count_mode]
+    count = None if count_mode == "none" else torch.tensor(c, dtype=torch.int64, device=DEVICE)
+    o, lse = prefix_attention(q, k_pre, v_pre, scale, count)
+    o_ref, lse_ref = prefix_attention_ref(q, k_pre, v_pre, scale)
+    assert o.dtype == torch.float32 and lse.dtype == torch.float32
+    assert o.shape == (R, Hq, D) and lse.shape == (R, Hq)
+    torch.testing.assert_close(o[:c], o_ref[:c], **tol(dtype))
+    if P == 0:
+        assert torch.all(o[:c] == 0) and torch.all(lse[:c] == float("-inf"))
+    else:
+        torch.testing.assert_close(lse[:c], lse_ref[:c], **tol(dtype))
+
+
+def _packed_problem(N, B, Hkv, G, D, P, dtype, p_fold, gen):
+    Hq = Hkv * G
+    fold = torch.rand(N, B, generator=gen) < p_fold
+    parents = torch.tensor([-1] + [int(torch.randint(0, n, (1,), generator=gen)) for n in range(1, N)])
+    _, _, count, slot = resolve_folds_ref(fold, parents)
+    R = int(count) + 2  # packed buffer with some unused tail rows
+    q = strided_q(R, Hq, D, dtype, gen)
+    k = randn(R, Hkv, D, dtype=dtype, gen=gen)
+    v = randn(R, Hkv, D, dtype=dtype, gen=gen)
+    k_pre, v_pre = cache_view(Hkv, P, D, dtype, gen)
+    return q, k, v, k_pre, v_pre, slot.to(DEVICE)
+
+
+@settings(**SETTINGS)
+@given(N=st.integers(1, 5), B=st.integers(1, 9), Hkv=st.integers(1, 2), G=st.sampled_from(GROUPS),
+       D=st.sampled_from([8, 16]), P=st.sampled_from([0, 3, 17]), dtype=st.sampled_from(DTYPES),
+       p_fold=st.sampled_from([0.0, 0.5, 1.0]), seed=st.integers(0, 2**31 - 1))
+def test_block_attention(N, B, Hkv, G, D, P, dtype, p_fold, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, k_pre, v_pre, slot = _packed_problem(N, B, Hkv, G, D, P, dtype, p_fold, gen)
+    scale = 0.7 / math.sqrt(D)
+    o_pre, lse_pre = prefix_attention_ref(q, k_pre, v_pre, scale)
+    out = block_attention(q, k, v, slot, o_pre, lse_pre, scale)
+    ref = block_attention_ref(q, k, v, slot, o_pre, lse_pre, scale)
+    assert out.dtype == q.dtype and out.shape == (N, B, Hkv * G, D)
+    torch.testing.assert_close(out.float(), ref.float(), **tol(dtype))
+
+
+def test_block_attention_kernel_prefix_state_and_empty_prefix():
+    """Kernel prefix state feeding the kernel block attention, including an empty prefix."""
+    gen = torch.Generator().manual_seed(5)
+    for P in (0, 20):
+        q, k, v, k_pre, v_pre, slot = _packed_problem(3, 6, 2, 2, 16, P, torch.float32, 0.5, gen)
+        count = torch.tensor(q.shape[0] - 2, device=DEVICE)
+        o_pre, lse_pre = prefix_attention(q, k_pre, v_pre, 0.25, count)
+        out = block_attention(q, k, v, slot, o_pre, lse_pre, 0.25)
+        ref = block_attention_ref(q, k, v, slot, *prefix_attention_ref(q, k_pre, v_pre, 0.25), 0.25)
+        torch.testing.assert_close(out, ref, **tol(torch.float32))
+
+
+@settings(deadline=None, max_examples=15)
+@given(N=st.integers(1, 4), B=st.integers(1, 8), Hkv=st.integers(1, 2), G=st.sampled_from(GROUPS),
+       P=st.sampled_from([0, 1, 9, 21]), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1))
+def test_branch_attention_vs_dense(N, B, Hkv, G, P, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    D = 16
+    Hq = Hkv * G
+    q = randn(N, B, Hq, D, dtype=dtype, gen=gen)
+    k = randn(N, B, Hkv, D, dtype=dtype, gen=gen)
+    v = randn(N, B, Hkv, D, dtype=dtype, gen=gen)
+    k_pre, v_pre = cache_view(Hkv, P, D, dtype, gen)
+    out = branch_attention(q, k, v, k_pre, v_pre, 0.25)
+    ref = branch_attention_ref(q, k, v, k_pre, v_pre, 0.25)
+    assert out.dtype == dtype and out.shape == q.shape
+    torch.testing.assert_close(out.float(), ref.float(), **tol(dtype))
+
+
+def test_branch_attention_128_head_dim():
+    gen = torch.Generator().manual_seed(6)
+    N, B, Hkv, G, D, P = 2, 4, 1, 2, 128, 19
+    q = randn(N, B, Hkv * G, D, gen=gen)
+    k = randn(N, B, Hkv, D, gen=gen)
+    v = randn(N, B, Hkv, D, gen=gen)
+    k_pre, v_pre = cache_view(Hkv, P, D, torch.float32, gen)
+    s = 1 / math.sqrt(D)
+    torch.testing.assert_close(branch_attention(q, k, v, k_pre, v_pre, s),
+                               branch_attention_ref(q, k, v, k_pre, v_pre, s), **tol(torch.float32))
+
+
+def test_ref_merge_equals_dense():
+    """Reference consistency: prefix state merged with block state == dense attention."""
+    gen = torch.Generator().manual_seed(7)
+    N, B, Hkv, G, D, P = 3, 5, 2, 3, 8, 11
+    q = randn(N, B, Hkv * G, D, gen=gen)
+    k = randn(N, B, Hkv, D, gen=gen)
+    v = randn(N, B, Hkv, D, gen=gen)
+    k_pre, v_pre = cache_view(Hkv, P, D, torch.float32, gen)
+    qf = q.reshape(N * B, Hkv * G, D)
+    o_pre, lse_pre = prefix_attention_ref(qf, k_pre, v_pre, 0.3)
+    slot = torch.arange(N * B, device=DEVICE).view(N, B)
+    merged = block_attention_ref(qf, k.reshape(N * B, Hkv, D), v.reshape(N * B, Hkv, D), slot, o_pre, lse_pre, 0.3)
+    torch.testing.assert_close(merged, branch_attention_ref(q, k, v, k_pre, v_pre, 0.3), rtol=1e-5, atol=1e-5)
+
+
+def test_merge_states_edge_cases():
+    gen = torch.Generator().manual_seed(8)
+    o1 = randn(4, 3, gen=gen)
+    o2 = randn(4, 3, gen=gen)
+    l1 = randn(4, gen=gen)
+    l2 = randn(4, gen=gen)
+    ninf = torch.full((4,), float("-inf"), device=DEVICE)
+    zero = torch.zeros(4, 3, device=DEVICE)
+    # empty + empty = empty, no NaN (even with garbage outputs in the empty states)
+    o, lse = merge_states(torch.full_like(o1, float("nan")), ninf, zero, ninf)
+    assert torch.all(o == 0) and torch.all(lse == float("-inf"))
+    # empty is the identity
+    o, lse = merge_states(o1, l1, zero, ninf)
+    torch.testing.assert_close(o, o1)
+    torch.testing.assert_close(lse, l1)
+    # commutative
+    a = merge_states(o1, l1, o2, l2)
+    b = merge_states(o2, l2, o1, l1)
+    torch.testing.assert_close(a[0], b[0])
+    torch.testing.assert_close(a[1], b[1])
+    # large lse gaps do not overflow
+    o, lse = merge_states(o1, l1 + 1000.0, o2, l2)
+    torch.testing.assert_close(o, o1)
+    assert torch.isfinite(lse).all()

@@ -1,0 +1,34 @@
+"""The kernel benchmarks and check_all import and run (--quick tiny shapes) without crashing."""
+import json
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.join(ROOT, "bench", "kernels")
+
+
+@pytest.fixture(scope="module")
+def bench_path():
+    sys.path.insert(0, BENCH)
+    yield
+    sys.path.remove(BENCH)
+
+
+@pytest.mark.parametrize("name", ["bench_gate", "bench_attention", "bench_packed_linear", "check_all"])
+def test_bench_quick(name, bench_path, tmp_path):
+    import importlib
+
+    mod = importlib.import_module(name)
+    out = tmp_path / f"{name}.json"
+    ret = mod.main(["--quick", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert data["results"], name
+    if name == "check_all":
+        assert ret == 0
+    else:
+        for r in data["results"]:
+            assert r["max_rel_err"] < 2e-2, r

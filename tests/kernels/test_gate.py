@@ -1,0 +1,163 @@
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+pytest.importorskip("triton")
+
+from specfold_compile.kernels import fold_gate, fold_gate_ref, resolve_folds, resolve_folds_ref  # noqa: E402
+from specfold_compile.kernels.gate_ref import fold_flags_ref  # noqa: E402
+
+from .helpers import DEVICE, DTYPES, randn  # noqa: E402
+
+SETTINGS = dict(deadline=None, max_examples=12)
+
+
+def random_parents(N, gen, chain=False):
+    par = [-1]
+    for n in range(1, N):
+        par.append(n - 1 if chain else int(torch.randint(0, n, (1,), generator=gen)))
+    return torch.tensor(par, dtype=torch.int64, device=DEVICE)
+
+
+def gated_h(N, B, C, parents, tau, fold_prob, dtype, gen):
+    """h whose gate ratios ||h-h_p|| / ||h_p|| are 0.3*tau (fold) or 3*tau (keep): far from the
+    threshold, so rounding never flips a decision."""
+    h = torch.empty(N, B, C)
+    h[0] = torch.randn(B, C, generator=gen)
+    par = parents.cpu()
+    for n in range(1, N):
+        hp = h[par[n]]
+        u = torch.randn(B, C, generator=gen)
+        u = u / u.norm(dim=-1, keepdim=True)
+        fold = torch.rand(B, 1, generator=gen) < fold_prob
+        r = torch.where(fold, torch.full_like(fold, 0.3 * tau, dtype=torch.float32),
+                        torch.full_like(fold, 3.0 * tau + 0.5, dtype=torch.float32))
+        h[n] = hp + r * hp.norm(dim=-1, keepdim=True) * u
+    return h.to(device=DEVICE, dtype=dtype)
+
+
+def check_gate(h, parents, tau):
+    out = fold_gate(h, parents, tau)
+    ref = fold_gate_ref(h, parents, tau)
+    names = ["fold", "origin", "rows", "count", "slot"]
+    for name, a, b in zip(names, out, ref):
+        assert a.dtype == b.dtype, name
+        assert a.shape == b.shape, name
+        assert torch.equal(a.cpu(), b.cpu()), f"{name}: {a} vs {b}"
+    return out
+
+
+@settings(**SETTINGS)
+@given(N=st.integers(1, 9), B=st.integers(1, 9), C=st.integers(1, 40),
+       fold_prob=st.sampled_from([0.0, 0.5, 1.0]), chain=st.booleans(),
+       dtype=st.sampled_from(DTYPES), tau=st.floats(0.05, 0.5), seed=st.integers(0, 2**31 - 1))
+def test_fold_gate_matches_ref(N, B, C, fold_prob, chain, dtype, tau, seed):
+    gen = torch.Generator().manual_seed(seed)
+    parents = random_parents(N, gen, chain)
+    h = gated_h(N, B, C, parents, tau, fold_prob, dtype, gen)
+    tau_t = torch.tensor(tau, dtype=torch.float32, device=DEVICE)
+    fold, origin, rows, count, slot = check_gate(h, parents, tau_t)
+    if fold_prob == 1.0:
+        assert int(count) == B  # only row 0 computed
+    if fold_prob == 0.0:
+        assert int(count) == N * B
+
+
+def test_fold_gate_large_C_and_pow2_B():
+    gen = torch.Generator().manual_seed(1)
+    N, B, C = 5, 32, 1100  # C over one chunk, odd
+    parents = random_parents(N, gen)
+    h = gated_h(N, B, C, parents, 0.1, 0.5, torch.float32, gen)
+    check_gate(h, parents, torch.tensor(0.1, device=DEVICE))
+
+
+def test_fold_gate_chain_all_folded():
+    gen = torch.Generator().manual_seed(2)
+    N, B, C = 8, 4, 16
+    parents = random_parents(N, gen, chain=True)
+    h = gated_h(N, B, C, parents, 0.2, 1.0, torch.float32, gen)
+    fold, origin, rows, count, slot = check_gate(h, parents, torch.tensor(0.2, device=DEVICE))
+    assert fold[1:].all() and not fold[0].any()
+    assert torch.equal(origin.cpu(), torch.arange(B).expand(N, B))
+    assert int(count) == B
+
+
+def test_edge_cases_tau0_nan_zero_parent():
+    gen = torch.Generator().manual_seed(3)
+    N, B, C = 4, 3, 8
+    parents = torch.tensor([-1, 0, 1, 1], device=DEVICE)
+    h = randn(N, B, C, gen=gen)
+    # tau = 0 folds nothing, even identical rows
+    h0 = h.clone()
+    h0[1] = h0[0]
+    fold, *_ = check_gate(h0, parents, torch.tensor(0.0, device=DEVICE))
+    assert not fold.any()
+    # identical rows fold for tau > 0 ...
+    tau = torch.tensor(0.5, device=DEVICE)
+    fold, *_ = check_gate(h0, parents, tau)
+    assert fold[1].all()
+    # ... but not when the parent row is zero (0 < 0 is false) ...
+    hz = h0.clone()
+    hz[0, 1] = 0.0
+    hz[1, 1] = 0.0
+    fold, *_ = check_gate(hz, parents, tau)
+    assert not fold[1, 1] and fold[1, 0]
+    # ... nor when a NaN appears in the row or its parent
+    hn = h0.clone()
+    hn[1, 0, 3] = float("nan")
+    hn[2] = hn[1]  # row 2 equals its parent row 1; b=0 has NaN
+    fold, *_ = check_gate(hn, parents, tau)
+    assert not fold[1, 0] and not fold[2, 0]
+    assert fold[2, 1] and fold[2, 2]
+
+
+@settings(deadline=None, max_examples=15)
+@given(N=st.integers(1, 12), B=st.integers(1, 12), p_fold=st.sampled_from([0.0, 0.3, 0.7, 1.0]),
+       chain=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_resolve_folds_matches_ref(N, B, p_fold, chain, seed):
+    gen = torch.Generator().manual_seed(seed)
+    parents = random_parents(N, gen, chain)
+    fold = (torch.rand(N, B, generator=gen) < p_fold).to(DEVICE)
+    fold[0] = torch.rand(B, generator=gen) < 0.5  # row 0 must be ignored
+    out = resolve_folds(fold, parents)
+    ref = resolve_folds_ref(fold, parents)
+    for a, b in zip(out, ref):
+        assert torch.equal(a.cpu(), b.cpu())
+
+
+def test_resolve_folds_max_shape():
+    gen = torch.Generator().manual_seed(4)
+    N, B = 64, 64
+    parents = random_parents(N, gen)
+    fold = (torch.rand(N, B, generator=gen) < 0.8).to(DEVICE)
+    for a, b in zip(resolve_folds(fold, parents), resolve_folds_ref(fold, parents)):
+        assert torch.equal(a.cpu(), b.cpu())
+
+
+@settings(deadline=None, max_examples=40)
+@given(N=st.integers(1, 10), B=st.integers(1, 10), p=st.floats(0, 1), seed=st.integers(0, 2**31 - 1))
+def test_ref_invariants(N, B, p, seed):
+    gen = torch.Generator().manual_seed(seed)
+    parents = random_parents(N, gen)
+    fold = torch.rand(N, B, generator=gen) < p
+    origin, rows, count, slot = resolve_folds_ref(fold, parents)
+    c = int(count)
+    computed = ~fold.clone()
+    computed[0] = True
+    assert c == int(computed.sum())
+    assert torch.equal(rows[slot], origin)
+    assert torch.all(rows[:c][1:] > rows[:c][:-1]) if c > 1 else True
+    assert torch.all(rows[c:] == 0)
+    flat = torch.arange(N * B).view(N, B)
+    assert torch.equal(origin[computed], flat[computed])
+    # every origin is a computed row, reached along the parent chain of the same lane
+    assert computed.view(-1)[origin.view(-1)].all()
+    assert torch.equal(origin % B, flat % B)
+
+
+def test_fold_flags_ref_semantics():
+    h = torch.tensor([[[3.0, 4.0]], [[3.0, 4.4]], [[3.0, 4.6]]])
+    par = torch.tensor([-1, 0, 0])
+    # ||diff|| = 0.4, 0.6 ; ||parent|| = 5 ; tau*5 = 0.5
+    f = fold_flags_ref(h, par, torch.tensor(0.1))
+    assert f.tolist() == [[False], [True], [False]]
