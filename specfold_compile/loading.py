@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -22,14 +23,22 @@ def load_model(spec: str | None = None, *, device: str = "cpu", seed: int = 0, d
     (falling back to the ``tiny-fast-dllm-v2`` preset when no trained model is shipped)."""
     if spec is None or spec == "default":
         if default_model_available():
-            return models.from_pretrained(DEFAULT_MODEL_DIR, device=device, dtype=dtype)
+            return _from_dir(DEFAULT_MODEL_DIR, device, dtype)
         spec = "tiny-fast-dllm-v2"
     if os.path.isdir(spec):
-        return models.from_pretrained(spec, device=device, dtype=dtype)
+        return _from_dir(Path(spec), device, dtype)
     if spec in models.PRESETS:
         overrides = {"dtype": dtype} if dtype is not None else {}
         return models.build(spec, device=device, seed=seed, **overrides)
     raise ValueError(f"model: {spec!r} is neither a checkpoint directory nor a preset; presets: {sorted(models.PRESETS)}")
+
+
+def _from_dir(path: Path, device: str, dtype: torch.dtype | None):
+    model = models.from_pretrained(path, device=device, dtype=dtype)
+    fmt = path / "prompt_format.json"
+    # Chat-style prompt template of our trained checkpoints ("<|bos|>{prompt}<|sep|>").
+    model.prompt_format = json.loads(fmt.read_text())["prompt"] if fmt.is_file() else None
+    return model
 
 
 def encode(model, text: str) -> torch.Tensor:
@@ -37,7 +46,9 @@ def encode(model, text: str) -> torch.Tensor:
     into the vocabulary, avoiding the mask and eos ids."""
     tok = getattr(model, "tokenizer", None)
     if tok is not None:
-        return torch.tensor(tok.encode(text).ids, dtype=torch.int64)
+        template = getattr(model, "prompt_format", None)
+        text = template.format(prompt=text) if template else text
+        return torch.tensor(tok.encode(text, add_special_tokens=False).ids, dtype=torch.int64)
     cfg = model.config
     special = {cfg.mask_token_id, cfg.eos_token_id}
     ids = [b % cfg.vocab_size for b in text.encode()]
@@ -47,5 +58,6 @@ def encode(model, text: str) -> torch.Tensor:
 def decode(model, ids: list[int]) -> str:
     tok = getattr(model, "tokenizer", None)
     if tok is not None:
-        return tok.decode(ids, skip_special_tokens=True)
+        eos = model.config.eos_token_id
+        return tok.decode(ids[: ids.index(eos)] if eos in ids else ids, skip_special_tokens=True)
     return " ".join(map(str, ids))

@@ -40,8 +40,11 @@ class SpecFoldSettings:
     attention_correction: bool = True
 
     def __post_init__(self) -> None:
-        tau = float(self.tau)
-        if math.isnan(tau) or tau < 0:
+        try:
+            tau = float(self.tau)
+        except (TypeError, ValueError):
+            tau = math.nan  # e.g. "abc" or None: reported below, naming the option
+        if isinstance(self.tau, bool) or math.isnan(tau) or tau < 0:
             raise ValueError(f"options['tau']: expected a number >= 0, got {self.tau!r}")
         object.__setattr__(self, "tau", tau)
         if self.gate not in GATES:
