@@ -31,7 +31,7 @@ def _cuda_configs():
 @triton.jit
 def _packed_linear_body(
     x_ptr, w_ptr, b_ptr, y_ptr, count_ptr,
-    R, M, K,
+    R, M, K, R_KEY,
     stride_xr, stride_wm, stride_yr,
     HAS_BIAS: tl.constexpr, HAS_COUNT: tl.constexpr,
     DOT_T: tl.constexpr, PREC: tl.constexpr,
@@ -66,10 +66,16 @@ def _packed_linear_body(
 
 _packed_linear_kernel = _packed_linear_body
 if use_autotune():
-    _packed_linear_kernel_tuned = triton.autotune(configs=_cuda_configs(), key=["R", "M", "K"])(
+    _packed_linear_kernel_tuned = triton.autotune(configs=_cuda_configs(), key=["R_KEY", "M", "K"])(
         _packed_linear_body)
 else:
     _packed_linear_kernel_tuned = None
+
+
+def _row_bucket(rows: int) -> int:
+    """Autotuning key for the row count: the next power of two, so a new branch count N (rows = N*B)
+    reuses the tuned config of its bucket instead of re-tuning every linear (seconds each)."""
+    return max(16, triton.next_power_of_2(rows))
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -95,7 +101,7 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         DOT_T=tl_dtype(x.dtype), PREC=dot_precision(x.dtype),
     )
     args = (x2, weight, bias if bias is not None else y, y, count if count is not None else y,
-            R, M, K, x2.stride(0), weight.stride(0), y.stride(0))
+            R, M, K, _row_bucket(R), x2.stride(0), weight.stride(0), y.stride(0))
     if _packed_linear_kernel_tuned is not None:
         grid = lambda meta: (triton.cdiv(R, meta["BLOCK_R"]), triton.cdiv(M, meta["BLOCK_N"]))
         _packed_linear_kernel_tuned[grid](*args, **common)
