@@ -158,19 +158,9 @@ BUILTIN_PROMPTS = [
 
 
 def _load_model(spec: str, seed: int, device: str):
-    from specfold_compile import models  # imported lazily: being written alongside
+    from ..loading import load_model  # one loader for every command (checkpoint dir, preset, shipped model)
 
-    import os
-    if os.path.exists(spec):
-        loader = getattr(models, "load", None) or getattr(models, "from_pretrained", None)
-        if loader is None:
-            raise SystemExit(f"calibrate: specfold_compile.models has no loader for path {spec!r}")
-        m = loader(spec)
-    else:
-        m = models.build(spec, seed=seed)
-    if hasattr(m, "to"):
-        m = m.to(device)
-    return m
+    return load_model(spec, device=device, seed=seed)
 
 
 def _prompt_ids(model, texts_or_ids, n_random, seed):
@@ -180,9 +170,9 @@ def _prompt_ids(model, texts_or_ids, n_random, seed):
         if isinstance(p, list):
             out.append(torch.tensor(p, dtype=torch.long))
         elif tok is not None:
-            ids = tok.encode(p)
-            ids = getattr(ids, "ids", ids)
-            out.append(torch.tensor(list(ids), dtype=torch.long))
+            from ..loading import encode
+
+            out.append(encode(model, p))
     if not out:  # no tokenizer (tiny random models): deterministic random prompts
         g = torch.Generator().manual_seed(seed)
         cfg = model.config
@@ -205,7 +195,7 @@ def calibrate_cli(argv=None) -> int:
     prompts (random token ids when the model has no tokenizer).
     """
     ap = argparse.ArgumentParser(prog="specfold calibrate", description=calibrate_cli.__doc__)
-    ap.add_argument("--model", required=True, help="model preset name (models.build) or checkpoint path")
+    ap.add_argument("--model", default=None, help="preset name or checkpoint dir (default: the shipped model)")
     ap.add_argument("--prompts", default=None, help="prompts file (text / JSON id lists / JSONL)")
     ap.add_argument("--num-prompts", type=int, default=50)
     ap.add_argument("--size", type=int, default=12, help="number of graph nodes D")
