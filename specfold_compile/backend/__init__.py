@@ -98,4 +98,9 @@ def specfold_backend(gm: GraphModule, example_inputs: list[Any], options: dict[s
                      mode: str | None = None, **unused: Any) -> Callable:
     """torch.compile backend entry point (``backend="specfold"``)."""
     settings = SpecFoldSettings.from_options(options)
-    return compile_graph(gm, settings).forward
+    gm = compile_graph(gm, settings)
+    if settings.inductor:
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example_inputs)
+    return gm.forward

@@ -28,6 +28,9 @@ class SpecFoldSettings:
                           every row, then read origins; same results).
     attention_correction: switch: reuse the origin's prefix attention state and merge the branch's own
                           block (off = full attention per row with the inherited q/k/v; same results).
+    inductor:             lower the rewritten graph through Inductor (fuses the norms, RoPE and other
+                          elementwise work around the fold ops, which stay extern kernels). Off by
+                          default until its speed is measured on the GPU; needs a C++ compiler on CPU.
     """
 
     tau: float = 0.1
@@ -38,6 +41,7 @@ class SpecFoldSettings:
     fold: bool = True
     pack: bool = True
     attention_correction: bool = True
+    inductor: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -51,7 +55,7 @@ class SpecFoldSettings:
             raise ValueError(f"options['gate']: expected one of {GATES}, got {self.gate!r}")
         if self.kernels not in KERNELS:
             raise ValueError(f"options['kernels']: expected one of {KERNELS}, got {self.kernels!r}")
-        for name in ("strict", "fold", "pack", "attention_correction"):
+        for name in ("strict", "fold", "pack", "attention_correction", "inductor"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"options[{name!r}]: expected a bool, got {getattr(self, name)!r}")
 

@@ -1,8 +1,9 @@
 """Pass 2: a ``specfold::fold_gate`` per layer (and per sublayer with ``gate="sublayer"``).
 
 The gate reads the layer's residual input and ``parents`` and yields the fold mask, the origin map
-and the packed row list with its count, all as device tensors. ``tau`` becomes a 0-d float32 buffer
-of the graph module, so the compiled graph never bakes it into code.
+and the packed row list with its count, all as device tensors. ``tau`` is one 0-d float32 tensor made
+once at the top of the graph and read by every gate (a graph constant: a new ``tau`` is a new compile,
+and Inductor can lower the rewritten graph, which it could not with an extra buffer).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch.fx import GraphModule
 from .. import fold_ops
 from .analyze import Analysis
 
-TAU_BUFFER = "specfold_tau"
+TAU_NODE = "specfold_tau"
 
 
 def insert_gates(gm: GraphModule, settings: Any) -> GraphModule:
@@ -24,10 +25,10 @@ def insert_gates(gm: GraphModule, settings: Any) -> GraphModule:
         return gm
     graph = gm.graph
     device = analysis.marker.meta["example_value"].device
-    gm.register_buffer(TAU_BUFFER, torch.tensor(float(settings.tau), dtype=torch.float32, device=device))
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     with graph.inserting_after(placeholders[-1]):
-        analysis.tau = graph.get_attr(TAU_BUFFER)
+        analysis.tau = graph.create_node("call_function", torch.full, ((), float(settings.tau)),
+                                         {"dtype": torch.float32, "device": device}, name=TAU_NODE)
     gate_index = 0
     for layer in analysis.layers:
         entries = [(layer.h_in, layer.pre_attention[0] if layer.pre_attention else layer.attention)]

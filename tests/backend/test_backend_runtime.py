@@ -85,7 +85,7 @@ def test_new_tau_never_stale(model_cache):
     assert_close(out2, folded_verify(model, tokens, parents, cache, 2.0, fold_masks=s2.fold_masks)[0])
 
 
-def test_tau_lives_in_a_buffer(model_cache):
+def test_tau_is_one_graph_constant_read_by_every_gate(model_cache):
     model, cache = model_cache
     tokens, parents = make_tree(model, 3, "realistic", 2)
     graphs = []
@@ -96,9 +96,10 @@ def test_tau_lives_in_a_buffer(model_cache):
 
     torch.compile(model, backend=capture)(tokens, parents, cache)
     gm = compile_graph(graphs[0][0], SpecFoldSettings(tau=0.375))
-    assert gm.specfold_tau.dtype == torch.float32 and gm.specfold_tau.dim() == 0
-    assert float(gm.specfold_tau) == 0.375
-    assert "0.375" not in gm.code and "specfold_tau" in gm.code
+    taus = [n for n in gm.graph.nodes if n.target is torch.full]
+    assert len(taus) == 1 and taus[0].args == ((), 0.375) and taus[0].kwargs["dtype"] == torch.float32
+    gates = [n for n in gm.graph.nodes if n.target is fold_ops.FOLD_GATE]
+    assert gates and all(g.args[2] is taus[0] for g in gates)
 
 
 # --- statistics ------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from sf_helpers import ModelSpec, assert_close, make_cache, make_tree
 from specfold_compile import fold_ops, passes
 from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph
 from specfold_compile.passes import ops_table as T
-from specfold_compile.passes.insert_gates import TAU_BUFFER
+from specfold_compile.passes.insert_gates import TAU_NODE
 from specfold_compile.reference import folded_verify
 
 TAU = 0.3
@@ -206,9 +206,9 @@ def test_find_regions_changes_nothing_and_finds_layers(run):
 
 def test_insert_gates_adds_one_gate_per_layer_or_sublayer(run):
     st = run.stages["insert_gates"]
-    assert diff(st.before, st.after) == {GATE: run.n_gates, "get_attr": 1}
-    tau = getattr(run.gm, TAU_BUFFER)
-    assert tau.dtype == torch.float32 and tau.dim() == 0 and float(tau) == pytest.approx(TAU)
+    assert diff(st.before, st.after) == {GATE: run.n_gates, torch.full: 1}
+    tau = next(n for n in run.gm.graph.nodes if n.name == TAU_NODE)
+    assert tau.target is torch.full and tau.kwargs["dtype"] == torch.float32 and tau.args[1] == pytest.approx(TAU)
     layers = st.snap["layers"]
     gates = [g for layer in layers for g in layer["gates"]]
     assert [g[3] for g in gates] == list(range(run.n_gates))
@@ -216,7 +216,7 @@ def test_insert_gates_adds_one_gate_per_layer_or_sublayer(run):
         states = [layer["h_in"]] + ([layer["h_mid"]] if run.settings.gate == "sublayer" else [])
         assert [g[0] for g in layer["gates"]] == states
         for g in layer["gates"]:
-            assert g[1] == st.snap["parents"] and g[2] == "get_attr" and g[4] is run.settings.pack
+            assert g[1] == st.snap["parents"] and g[2] == "call_function" and g[4] is run.settings.pack
             assert g[5] == "torch"
     # Gates computed, nothing used yet: still the dense forward; the gates report.
     assert_close(st.out, run.dense, tol=1e-6, what="after insert_gates")
