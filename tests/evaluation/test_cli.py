@@ -1,0 +1,60 @@
+"""``specfold eval`` and ``specfold sweep`` end to end on a couple of problems."""
+import csv
+import json
+
+from specfold_compile.cli import main
+from specfold_compile.evaluation import RESULT_KEYS, sweep_columns
+
+
+def test_eval_writes_schema_and_spiffy_is_lossless(tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    rc = main(["eval", "--tasks", "math", "--modes", "vanilla,spiffy,specfold", "--limit", "2",
+               "--max-new-tokens", "48", "--out", str(out), "--quiet"])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert set(d["results"]) == {"math"}
+    assert set(d["results"]["math"]) == {"vanilla", "spiffy", "specfold"}
+    for mode, r in d["results"]["math"].items():
+        assert set(RESULT_KEYS) <= set(r)
+        assert r["n"] == 2 and 0.0 <= r["accuracy"] <= 1.0 and r["nfe"] >= 2 and r["tokens_per_s"] > 0
+        assert (r["recompute_ratio"] is not None) == (mode == "specfold")
+    assert 0.0 <= d["results"]["math"]["specfold"]["recompute_ratio"] <= 1.0
+    assert d["results"]["math"]["vanilla"]["branches_per_call"] == 1.0
+    assert d["spiffy_tokens_equal_vanilla"] == {"math": True}
+    assert d["model"] and d["compile_seconds"] is not None and d["compile_seconds"] > 0
+    assert {"python", "torch", "triton", "platform"} <= set(d["versions"])
+    assert d["settings"]["tau"] == 0.1 and d["settings"]["limit"] == 2
+    assert "accuracy" in capsys.readouterr().out
+
+
+def test_spiffy_equals_vanilla_tokens():
+    from specfold_compile.decoding import generate
+    from specfold_compile.evaluation import resolve_draft_graph
+    from specfold_compile.loading import encode, load_model
+    from specfold_compile.tasks import sample
+
+    model = load_model(None)
+    graph = resolve_draft_graph(None, None)
+    for task in ("instruct", "code"):
+        for p in sample(task, "test", 2, 0):
+            ids = encode(model, p.prompt)
+            v = generate(model, ids, mode="vanilla", max_new_tokens=64)
+            s = generate(model, ids, mode="spiffy", max_new_tokens=64, draft_budget=8, draft_graph=graph)
+            assert s.tokens == v.tokens
+            assert s.nfe <= v.nfe
+
+
+def test_sweep_writes_csv_and_png(tmp_path):
+    rc = main(["sweep", "--taus", "0,0.4", "--tasks", "math", "--limit", "1", "--max-new-tokens", "48",
+               "--out-dir", str(tmp_path), "--quiet"])
+    assert rc == 0
+    rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+    assert [float(r["tau"]) for r in rows] == [0.0, 0.4]
+    assert list(rows[0]) == sweep_columns(["math"])
+    for col in ("accuracy_math", "tokens_per_s", "recompute_ratio", "fold_argmax_agree", "fold_relerr_median",
+                "fold_relerr_p99", "copy_argmax_agree", "copy_relerr_median", "copy_relerr_p99"):
+        assert col in rows[0]
+    assert float(rows[0]["recompute_ratio"]) == 1.0  # tau = 0 folds nothing
+    assert float(rows[0]["fold_argmax_agree"]) == 1.0  # P1
+    png = (tmp_path / "sweep.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
