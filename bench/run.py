@@ -424,6 +424,10 @@ def main(argv=None) -> int:
             continue
         write_json(out / f"{suite}.json", rows, {"suite": suite, "seconds": time.monotonic() - t0})
         print(f"== {suite}: {len(rows)} rows in {time.monotonic() - t0:.0f}s", flush=True)
+        if suite == "per_check" and rows:
+            from .plot import plot_per_check
+
+            plot_per_check(out / "per_check.json")
         if suite == "check" and not all(r.get("ok") for r in rows):
             status = 1
     return status
