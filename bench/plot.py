@@ -28,8 +28,8 @@ def plot_per_check(path: str | Path) -> Path:
                 continue
             if r["mode"] in ("dense", "dense_compiled"):
                 label = r["mode"]
-            elif r["mode"] == "specfold":
-                label = f"specfold (ratio ~{r['target_ratio']})"
+            elif r["mode"] in ("specfold", "specfold_inductor"):
+                label = f"{r['mode']} (ratio ~{r['target_ratio']})"
             elif r["mode"] == "floor" and r.get("target_ratio") is None:
                 label = "floor (dense)"
             else:

@@ -128,6 +128,10 @@ def suite_per_check(args) -> list[dict]:
         model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
         cfg = model.config
         folded = torch.compile(model, backend=specfold_backend, options={"tau": TAU, "kernels": KERNELS})
+        # SpecFold with the rewritten graph lowered through Inductor (options["inductor"]), when asked.
+        folded_ind = torch.compile(model, backend=specfold_backend,
+                                   options={"tau": TAU, "kernels": KERNELS, "inductor": True}) \
+            if args.specfold_inductor else None
         inductor = torch.compile(model.verify, dynamic=True) if args.inductor and name != "nld-3b" else None
         for prefix in prefixes:
             cache = _prefix(model, prefix, 1)
@@ -167,12 +171,18 @@ def suite_per_check(args) -> list[dict]:
                                      "cuda_graph": cg, "target_ratio": target, "first_call_s": first_s})
                         rows.append({**base, "mode": "floor", "recompute_ratio": ratio, "cuda_graph": False,
                                      "ms": floor_ms(cfg, n_rows, computed, prefix), "target_ratio": target})
+                        if folded_ind is not None:
+                            with torch.no_grad():
+                                folded_ind(tokens, parents, cache)
+                                ms, cg = time_cuda_graph(lambda: folded_ind(tokens, parents, cache))
+                            rows.append({**base, "mode": "specfold_inductor", "recompute_ratio": ratio, "ms": ms,
+                                         "cuda_graph": cg, "target_ratio": target})
                 except Exception as exc:  # keep measuring the rest; record why this one failed
                     traceback.print_exc()
                     rows.append({**base, "mode": "error", "error": repr(exc)[:300]})
                 print(json.dumps(rows[-1]), flush=True)
             del cache
-        del model, folded, inductor
+        del model, folded, folded_ind, inductor
         torch.cuda.empty_cache()
     return rows
 
@@ -398,6 +408,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--budget", type=float, default=420.0, help="seconds for per_check")
     ap.add_argument("--no-inductor", dest="inductor", action="store_false")
+    ap.add_argument("--specfold-inductor", action="store_true",
+                    help="per_check: also time SpecFold with options['inductor']=True")
     ap.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes on the CPU, to test the suites")
     ap.add_argument("--limit", type=int, default=30, help="problems per task (end_to_end)")
     ap.add_argument("--draft-budget", type=int, default=16, help="Spiffy D* (end_to_end)")

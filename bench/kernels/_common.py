@@ -14,6 +14,7 @@ import sys
 import time
 
 import torch
+import triton
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -112,7 +113,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None = No
 
 def emit(name: str, rows: list, args) -> dict:
     res = dict(benchmark=name, device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-               interpreted=interpreting(), torch=torch.__version__, python=platform.python_version(),
+               interpreted=interpreting(), torch=torch.__version__, triton=triton.__version__,
+               python=platform.python_version(),
                quick=bool(args.quick), results=rows)
     for r in rows:
         print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
