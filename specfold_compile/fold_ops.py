@@ -73,15 +73,16 @@ def unpack_rows(x_p: Tensor, slot: Tensor) -> Tensor:
     return x_p.squeeze(1).index_select(0, slot.flatten()).unflatten(0, (n, b))
 
 
-def pack_external(t: Tensor, out_rank: int, n_dim: int, b_dim: int, rows: Tensor,
-                  block: int) -> Tensor:
-    """Pack a tensor from outside a region (e.g. RoPE tables [B, 1, D]) that broadcasts against a
-    region tensor of rank ``out_rank`` whose branch/position dims are ``n_dim``/``b_dim``."""
+def pack_external(t: Tensor, out_rank: int, row_branch: Tensor, row_pos: Tensor) -> Tensor:
+    """Pack a tensor from outside a region (e.g. RoPE tables [B, 1, D]) that broadcasts against region
+    tensors of rank ``out_rank`` laid out [N, B, ...]: -> [R, 1, ...], row r taking branch
+    ``row_branch[r]`` and position ``row_pos[r]`` (the pass only calls this when it varies with either)."""
     t = t.reshape((1,) * (out_rank - t.dim()) + tuple(t.shape))
-    n_idx = rows // block if t.shape[n_dim] != 1 else torch.zeros_like(rows)
-    b_idx = rows % block if t.shape[b_dim] != 1 else torch.zeros_like(rows)
-    packed = t.movedim((n_dim, b_dim), (0, 1))[n_idx, b_idx].unsqueeze(1)  # [R, 1, ...]
-    return packed.movedim((0, 1), (n_dim, b_dim))
+    if t.shape[0] != 1 and t.shape[1] != 1:
+        return t[row_branch, row_pos].unsqueeze(1)
+    if t.shape[1] != 1:
+        return t[0].index_select(0, row_pos).unsqueeze(1)
+    return t[:, 0].index_select(0, row_branch).unsqueeze(1)
 
 
 # --- folded attention ------------------------------------------------------------------------------

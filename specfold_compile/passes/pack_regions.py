@@ -36,6 +36,16 @@ def _plan(graph, gate: Node) -> dict[str, Node]:
     return plan
 
 
+def _row_coordinates(graph, plan: dict[str, Node], block: int) -> tuple[Node, Node]:
+    """(branch, position) of every packed row, made once per plan when an outside tensor needs them."""
+    if "row_branch" not in plan:
+        with graph.inserting_after(plan["n_rows"]):
+            plan["row_branch"] = graph.call_function(operator.floordiv, (plan["rows"], block))
+        with graph.inserting_after(plan["row_branch"]):
+            plan["row_pos"] = graph.call_function(operator.mod, (plan["rows"], block))
+    return plan["row_branch"], plan["row_pos"]
+
+
 def _depends_on_rows(shape: tuple, out_rank: int) -> bool:
     """Does an outside tensor of this shape, broadcast against rank out_rank, vary along dims 0/1?"""
     offset = out_rank - len(shape)
@@ -51,7 +61,7 @@ def _copy_packed(graph, nodes: list[Node], entry: Node, plan: dict[str, Node], b
         key = (arg, out_rank)
         if key not in outside:
             outside[key] = graph.call_function(fold_ops.pack_external,
-                                               (arg, out_rank, 0, 1, plan["rows"], block))
+                                               (arg, out_rank, *_row_coordinates(graph, plan, block)))
         return outside[key]
 
     for node in nodes:

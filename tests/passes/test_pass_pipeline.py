@@ -232,6 +232,9 @@ def test_pack_regions_packs_and_removes_region_ops(run):
     assert d.pop(fold_ops.pack_external) == PACKED_EXTERNALS[run.spec.family] * L
     assert d.pop(operator.getitem) == 3 * G  # rows, count, slot of every gate
     assert d.pop("Tensor.size") == G  # R = len(rows) for the packed views
+    # (branch, position) of the packed rows, once per layer: only the pre-attention region has
+    # position tables (RoPE) to gather.
+    assert d.pop(operator.floordiv) == L and d.pop(operator.mod) == L
     assert not d, f"ops added or removed besides the packing: {d}"  # region ops replaced one for one
     assert linears(st.after) == linears(st.before)
     names = st.snap["names"]
