@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from .loading import decode, encode, load_model
+from .loading import decode, encode, load_model, resolve_draft_graph
 
 def demo_prompts() -> list[str]:
     """The first held-out test problem of each task (what the shipped model was trained for)."""
@@ -27,7 +27,7 @@ def _run(model, prompt_ids, mode: str, args, compiled=None):
     target = compiled if mode == "specfold" else model
     return generate(target, prompt_ids, mode="vanilla" if mode == "vanilla" else "spiffy",
                     max_new_tokens=args.max_new_tokens, threshold=args.threshold,
-                    draft_budget=args.draft_budget, draft_graph=args.draft_graph)
+                    draft_budget=args.draft_budget, draft_graph=resolve_draft_graph(args.model, args.draft_graph))
 
 
 def cmd_generate(args) -> int:
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--model", default=None, help="checkpoint dir or preset (default: the shipped model)")
         p.add_argument("--max-new-tokens", type=int, default=64)
         p.add_argument("--threshold", type=float, default=0.9)
-        p.add_argument("--draft-budget", type=int, default=8)
+        p.add_argument("--draft-budget", type=int, default=16)
         p.add_argument("--draft-graph", default=None, help="draft graph JSON (specfold calibrate)")
         p.add_argument("--tau", type=float, default=0.1)
         p.add_argument("--device", default="cpu")

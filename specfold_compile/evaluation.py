@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .loading import DEFAULT_MODEL_DIR, decode, encode, load_model
+from .loading import DEFAULT_MODEL_DIR, decode, encode, load_model, resolve_draft_graph
 
 __all__ = [
     "eval_cli", "sweep_cli", "evaluate", "sweep", "calibrate_default", "FidelityRecorder",
@@ -64,16 +64,6 @@ def versions() -> dict:
         triton_version = None
     return {"python": platform.python_version(), "torch": torch.__version__, "triton": triton_version,
             "platform": platform.platform()}
-
-
-def resolve_draft_graph(model_spec: str | None, draft_graph: str | None) -> str | None:
-    """The draft graph to use: the given one; for the shipped model its calibrated graph when present;
-    otherwise None (decoding's built-in default)."""
-    if draft_graph is not None:
-        return draft_graph
-    if (model_spec is None or model_spec == "default") and DEFAULT_DRAFT_GRAPH.is_file():
-        return str(DEFAULT_DRAFT_GRAPH)
-    return None
 
 
 def _model_name(model, spec):

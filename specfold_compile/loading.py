@@ -33,6 +33,20 @@ def load_model(spec: str | None = None, *, device: str = "cpu", seed: int = 0, d
     raise ValueError(f"model: {spec!r} is neither a checkpoint directory nor a preset; presets: {sorted(models.PRESETS)}")
 
 
+def resolve_draft_graph(model_spec: str | None, draft_graph: str | None) -> str | None:
+    """The Spiffy draft graph to use: the given one; else the ``draft_graph.json`` calibrated for the
+    checkpoint (the shipped model has one); else None (decoding's built-in default graph)."""
+    if draft_graph is not None:
+        return draft_graph
+    if model_spec in (None, "default"):
+        folder = DEFAULT_MODEL_DIR if default_model_available() else None
+    else:
+        folder = Path(model_spec) if os.path.isdir(model_spec) else None
+    if folder is not None and (folder / "draft_graph.json").is_file():
+        return str(folder / "draft_graph.json")
+    return None
+
+
 def _from_dir(path: Path, device: str, dtype: torch.dtype | None):
     model = models.from_pretrained(path, device=device, dtype=dtype)
     fmt = path / "prompt_format.json"
