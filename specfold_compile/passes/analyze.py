@@ -125,6 +125,8 @@ def check_region_node(node: Node, region: set[Node]) -> str | None:
             return _check_dim_op(node)
         if t in T.SIZE_METHODS:
             return _check_size(node, region)
+        if t in T.SPLIT_METHODS:
+            return _check_split(node, t)
         return f"method Tensor.{t} is not known to be position-wise"
     if node.op == "call_function":
         if t in T.ELEMENTWISE_FUNCTIONS:
@@ -145,6 +147,8 @@ def check_region_node(node: Node, region: set[Node]) -> str | None:
             return _check_getitem(node)
         if t in T.SIZE_FUNCTIONS:
             return _check_size(node, region)
+        if t in T.SPLIT_FUNCTIONS:
+            return _check_split(node, t.__name__)
         if t is T.BRANCH_ATTENTION or t in T.KNOWN_MIXING:
             return f"{T.target_name(node)} mixes positions inside a position-wise region"
         return f"{T.target_name(node)} is not known to be position-wise"
@@ -193,36 +197,50 @@ def _check_view(node: Node) -> str | None:
 
 
 def _check_dim_op(node: Node) -> str | None:
+    """Dim-moving ops are fine when they leave dims 0 and 1 (branch, position) where they are."""
     src, out = _shape(node.args[0]), _shape(node)
     if src is None or out is None or len(src) < 2 or len(out) < 2:
         return "dim op of unknown shape"
     name = node.target if isinstance(node.target, str) else node.target.__name__
-    args = node.args[1:]
-    if name in ("transpose", "movedim"):
-        ds = [_norm_dim(d, len(src)) for d in args[:2]] if name == "transpose" else []
-        if name == "movedim":
-            return "movedim is not supported in a region"
-        return None if min(ds) >= 2 else "transpose moves the branch/position dims"
-    if name == "permute":
-        perm = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
-        perm = [_norm_dim(d, len(src)) for d in perm]
-        return None if perm[:2] == [0, 1] else "permute moves the branch/position dims"
-    if name == "unsqueeze":
-        return None if _norm_dim(args[0], len(out)) >= 2 else "unsqueeze before the branch/position dims"
-    if name == "squeeze":
-        if not args:
-            return "squeeze of every dim"
-        ds = args[0] if isinstance(args[0], (tuple, list)) else (args[0],)
-        return None if all(_norm_dim(d, len(src)) >= 2 for d in ds) else "squeeze of the branch/position dims"
-    if name == "flatten":
-        start = args[0] if args else node.kwargs.get("start_dim", 0)
-        return None if _norm_dim(start, len(src)) >= 2 else "flatten of the branch/position dims"
-    if name == "unflatten":
-        return None if _norm_dim(args[0], len(src)) >= 2 else "unflatten of the branch/position dims"
-    return f"{name} is not supported in a region"
+    args = list(node.args[1:])
+
+    def arg(pos: int, key: str, default=None):
+        return args[pos] if len(args) > pos else node.kwargs.get(key, default)
+
+    def trailing(dims, rank: int) -> bool:
+        dims = dims if isinstance(dims, (tuple, list)) else (dims,)
+        return all(isinstance(d, int) and _norm_dim(d, rank) >= 2 for d in dims)
+
+    if name == "transpose":
+        ok = trailing((arg(0, "dim0"), arg(1, "dim1")), len(src))
+    elif name == "permute":
+        perm = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args or node.kwargs.get("dims", ())
+        ok = [_norm_dim(d, len(src)) for d in perm][:2] == [0, 1]
+    elif name == "unsqueeze":
+        ok = trailing(arg(0, "dim"), len(out))
+    elif name == "squeeze":
+        ok = arg(0, "dim") is not None and trailing(arg(0, "dim"), len(src))
+    elif name == "flatten":
+        ok = trailing(arg(0, "start_dim", 0), len(src))
+    elif name == "unflatten":
+        ok = trailing(arg(0, "dim"), len(src))
+    else:
+        return f"{name} is not supported in a region"
+    return None if ok else f"{name} moves the branch/position dims"
+
+
+def _check_split(node: Node, name: str) -> str | None:
+    src = _shape(node.args[0])
+    dim_pos = 0 if name == "unbind" else 1  # unbind(dim) / chunk(chunks, dim) / split(size, dim)
+    dim = node.args[1 + dim_pos] if len(node.args) > 1 + dim_pos else node.kwargs.get("dim", T.SPLIT_DEFAULT_DIM[name])
+    if src is None or not isinstance(dim, int):
+        return f"{name} of unknown shape"
+    return None if _norm_dim(dim, len(src)) >= 2 else f"{name} splits the branch/position dims"
 
 
 def _check_getitem(node: Node) -> str | None:
+    if isinstance(node.args[0], Node) and isinstance(node.args[0].meta.get("example_value"), (tuple, list)):
+        return None if isinstance(node.args[1], int) else "indexing a tuple with a non-int"
     src = _shape(node.args[0])
     if src is None:
         return None if not isinstance(node.args[0], Node) or _shape(node) is None else "indexing of unknown shape"

@@ -42,11 +42,16 @@ VIEW_METHODS = {"view", "reshape"}
 VIEW_FUNCTIONS = {torch.reshape}
 
 # Dim-moving ops: allowed when they leave dims 0 and 1 in place.
-DIM_METHODS = {"transpose", "permute", "unsqueeze", "squeeze", "flatten", "unflatten", "movedim"}
-DIM_FUNCTIONS = {torch.transpose, torch.permute, torch.unsqueeze, torch.squeeze, torch.flatten,
-                 torch.unflatten, torch.movedim}
+DIM_METHODS = {"transpose", "permute", "unsqueeze", "squeeze", "flatten", "unflatten"}
+DIM_FUNCTIONS = {torch.transpose, torch.permute, torch.unsqueeze, torch.squeeze, torch.flatten, torch.unflatten}
 
 CAT_FUNCTIONS = {torch.cat, torch.concat}
+
+# Ops returning several tensors (fused q/k/v or gate/up projections split apart): allowed along
+# trailing dims; their pieces are taken with getitem.
+SPLIT_METHODS = {"unbind", "chunk", "split"}
+SPLIT_FUNCTIONS = {torch.unbind, torch.chunk, torch.split}
+SPLIT_DEFAULT_DIM = {"unbind": 0, "chunk": 0, "split": 0}
 
 SIZE_METHODS = {"size", "dim"}
 SIZE_FUNCTIONS = {torch.ops.aten.sym_size.int} if hasattr(torch.ops.aten, "sym_size") else set()
