@@ -133,6 +133,12 @@ def check_region_node(node: Node, region: set[Node]) -> str | None:
             return _check_elementwise(node, region)
         if t in T.LINEAR_FUNCTIONS:
             return None
+        if t in T.NORM_FUNCTIONS:
+            src, shape = _shape(node.args[0]), _dims_arg(node, 1, "normalized_shape")
+            if src is None or shape is None:
+                return "normalisation of unknown shape"
+            n_norm = len(shape) if isinstance(shape, (tuple, list)) else 1
+            return None if len(src) - n_norm >= 2 else "normalisation over the branch/position dims"
         if t in T.REDUCTION_FUNCTIONS:
             return _check_reduction(node)
         if t in T.VIEW_FUNCTIONS:

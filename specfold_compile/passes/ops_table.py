@@ -38,6 +38,9 @@ REDUCTION_METHODS = {"mean", "sum", "amax", "amin", "var", "norm"}
 
 LINEAR_FUNCTIONS = {F.linear, torch._C._nn.linear}
 
+# Normalisations over a trailing normalized_shape (arg 1).
+NORM_FUNCTIONS = {F.layer_norm, torch.layer_norm} | ({F.rms_norm} if hasattr(F, "rms_norm") else set())
+
 VIEW_METHODS = {"view", "reshape"}
 VIEW_FUNCTIONS = {torch.reshape}
 

@@ -18,6 +18,8 @@ VARIANTS = {
     "branch_transpose": (lambda x: x.transpose(0, 1).transpose(0, 1), False),
     "flatten_rows": (lambda x: x.flatten(0, 1).view(x.shape), False),
     "leading_unsqueeze": (lambda x: x.unsqueeze(0).squeeze(0), False),
+    "layer_norm": (lambda x: F.layer_norm(x, x.shape[-1:]), True),
+    "layer_norm_over_positions": (lambda x: F.layer_norm(x, x.shape[-2:]), False),
     "chunk_trailing": (lambda x: torch.cat(x.chunk(2, dim=-1), dim=-1), True),
     "chunk_positions": (lambda x: torch.cat(x.chunk(2, dim=1), dim=1), False),
 }
