@@ -146,7 +146,16 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
             else:
                 rows = X.unsqueeze(0)
                 parents = [-1]
-            logits = model(rows.to(dev), torch.tensor(parents, dtype=torch.long, device=dev), cache)
+            tokens, parent_ids = rows.to(dev), torch.tensor(parents, dtype=torch.long, device=dev)
+            # The branch count and the prefix length change from call to call: a compiled model should
+            # trace them as dynamic from the start (one graph, not one per size).
+            if len(parents) > 1:
+                torch._dynamo.maybe_mark_dynamic(tokens, 0)
+                torch._dynamo.maybe_mark_dynamic(parent_ids, 0)
+            for t in (*getattr(cache, "keys", ()), *getattr(cache, "values", ())):
+                if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[1] > 1:
+                    torch._dynamo.maybe_mark_dynamic(t, 1)
+            logits = model(tokens, parent_ids, cache)
             nfe += 1
             conf, tok = confidence(logits, mask_id)
             conf, tok = conf.cpu(), tok.cpu()
