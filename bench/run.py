@@ -21,7 +21,8 @@ import traceback
 
 import torch
 
-from specfold_compile.backend import collect_stats, specfold_backend
+from specfold_compile import fold_ops
+from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph, specfold_backend
 from specfold_compile.models import build
 from specfold_compile.reference import folded_verify
 
@@ -57,6 +58,23 @@ def _device_name() -> str:
 
 def _rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+def _op_counts(graphs) -> dict:
+    """How many fold ops (and leftover dense linears) the rewritten graphs run, with which kernels."""
+    counts: dict = {}
+    for gm in graphs:
+        for node in gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            if node.target in (fold_ops.FOLD_GATE, fold_ops.FOLDED_ATTENTION, fold_ops.PACKED_LINEAR):
+                key = f"{node.target.name()}[{node.args[-1]}]"
+            elif node.target in (torch._C._nn.linear, torch.nn.functional.linear):
+                key = "dense linear"
+            else:
+                continue
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def _graph_replay_errors(model, compiled, tokens, parents, cache) -> list[float]:
@@ -100,9 +118,17 @@ def suite_check(args) -> list[dict]:
             p1 = _rel(c0(tokens, parents, cache), dense32)
             p1_dense = _rel(dense, dense32)
             torch._dynamo.reset()
-            ct = torch.compile(model, backend=specfold_backend, options={"tau": TAU, "kernels": KERNELS})
+            rewritten: list = []
+
+            def backend(gm, example_inputs):  # specfold, keeping the rewritten graph to count its ops
+                gm = compile_graph(gm, SpecFoldSettings(tau=TAU, kernels=KERNELS))
+                rewritten.append(gm)
+                return gm.forward
+
+            ct = torch.compile(model, backend=backend)
             with collect_stats() as s:
                 out = ct(tokens, parents, cache)
+            graph_ops = _op_counts(rewritten)
             ref, _ = folded_verify(model, tokens, parents, cache, TAU, fold_masks=s.fold_masks)
             ref32, _ = folded_verify(model32, tokens, parents, cache32, TAU, fold_masks=s.fold_masks)
             p4, p4_ref = _rel(out, ref32), _rel(ref, ref32)
@@ -111,7 +137,7 @@ def suite_check(args) -> list[dict]:
         ok = p1 <= 1.5 * p1_dense + 1e-3 and p4 <= 1.5 * p4_ref + 1e-3 and max(replay_errs) < 1e-3
         rows.append({"model": name, "P1_vs_fp32": p1, "dense_bf16_vs_fp32": p1_dense, "P2_main_vs_fp32": p2,
                      "P4_vs_fp32_ref": p4, "bf16_ref_vs_fp32_ref": p4_ref, "recompute_ratio": s.recompute_ratio,
-                     "cuda_graph_replay_vs_call": max(replay_errs), "ok": ok})
+                     "cuda_graph_replay_vs_call": max(replay_errs), "graph_ops": graph_ops, "ok": ok})
         print(rows[-1], flush=True)
         del model, model32, cache, cache32
         torch.cuda.empty_cache()
