@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .kernels import attention_ref
+from . import kernels
 
 
 @torch.library.custom_op("specfold::branches", mutates_args=())
@@ -35,12 +35,6 @@ def mark_branches(h: Tensor, parents: Tensor) -> Tensor:
     return h
 
 
-def _use_triton(t: Tensor) -> bool:
-    from . import kernels
-
-    return t.is_cuda and getattr(kernels, "triton_available", lambda: False)()
-
-
 @torch.library.custom_op("specfold::branch_attention", mutates_args=())
 def branch_attention(q: Tensor, k: Tensor, v: Tensor, k_pre: Tensor, v_pre: Tensor, scale: float) -> Tensor:
     """Dense multi-branch attention.
@@ -48,11 +42,9 @@ def branch_attention(q: Tensor, k: Tensor, v: Tensor, k_pre: Tensor, v_pre: Tens
     q: [N, B, Hq, D]; k, v: [N, B, Hkv, D] (each branch's own block); k_pre, v_pre: [Hkv, P, D], the
     shared prefix cache, read by every branch without a per-branch copy. Returns [N, B, Hq, D].
     """
-    if _use_triton(q):
-        from .kernels import attention
-
-        return attention.branch_attention(q, k, v, k_pre, v_pre, scale)
-    return attention_ref.branch_attention_ref(q, k, v, k_pre, v_pre, scale)
+    if q.is_cuda and kernels.triton_available():
+        return kernels.branch_attention(q, k, v, k_pre, v_pre, scale)
+    return kernels.branch_attention_ref(q, k, v, k_pre, v_pre, scale)
 
 
 @branch_attention.register_fake
