@@ -117,10 +117,20 @@ def _folded_attention_fake(q_p, k_p, v_p, k_pre, v_pre, slot, count, scale, impl
 
 # --- packed linear -------------------------------------------------------------------------------
 
+# Below this many packed rows (N * B) a bf16 GEMM on the H200 reads its weights in less time than it
+# computes (~206 FLOP/byte ridge: one row is 2 FLOP per 2-byte weight), so the count-aware Triton GEMM
+# cannot win; cuBLAS runs every row instead. To be tuned from bench/kernels/bench_packed_linear.py.
+DENSE_LINEAR_BELOW_ROWS = 256
+
 @torch.library.custom_op("specfold::packed_linear", mutates_args=())
 def packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None, count: Tensor, impl: str) -> Tensor:
     """``F.linear`` on the first ``count`` packed rows; the work shrinks with the recompute ratio."""
     if impl == "triton":
+        if x.shape[0] < DENSE_LINEAR_BELOW_ROWS:
+            # Too few rows to be compute-bound: reading the weights dominates, so skipping rows saves
+            # nothing and cuBLAS over every packed row is the faster way (the rows past ``count`` are
+            # don't-care). A shape-only decision: no host sync.
+            return torch.nn.functional.linear(x, weight, bias)
         return _kernels().packed_linear(x, weight, bias, count)
     n_computed = int(count)  # the reference may read the count; the Triton path never does
     y = x.new_zeros(tuple(x.shape[:-1]) + (weight.shape[0],))

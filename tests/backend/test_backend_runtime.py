@@ -172,9 +172,11 @@ def test_stats_single_branch(model_cache):
 # --- Triton kernels (interpreter on CPU) -----------------------------------------------------------
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy scalar conversion inside the interpreter
-def test_triton_kernels_match_torch_kernels_and_reference():
+@pytest.mark.parametrize("dense_below_rows", [0, 10 ** 6], ids=["triton-gemm", "cublas-below-threshold"])
+def test_triton_kernels_match_torch_kernels_and_reference(dense_below_rows, monkeypatch):
     from specfold_compile import kernels
 
+    monkeypatch.setattr(fold_ops, "DENSE_LINEAR_BELOW_ROWS", dense_below_rows)
     if not kernels.triton_available():
         pytest.skip("triton is not importable here (or neither CUDA nor TRITON_INTERPRET=1)")
     model = ModelSpec(family="fast-dllm-v2", layers=1, hidden=32, head_dim=8, block=8, seed=6).build()
