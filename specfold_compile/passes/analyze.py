@@ -364,6 +364,10 @@ def _layer(h: Node, attn: Node, index: int, analysis: Analysis, order: dict[Node
         shape = _shape(rank_node)
         if shape is None or len(shape) < 3:
             analysis.blockers.append(Blocker("layout", "residual stream is not [N, B, C]", index, rank_node.name))
+        elif not isinstance(shape[1], int):
+            # Packed rows are addressed as n * B + b; B must be a constant of the graph.
+            analysis.blockers.append(Blocker("layout", f"block length {shape[1]} is not static", index,
+                                             rank_node.name))
     return region
 
 
