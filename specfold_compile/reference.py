@@ -38,21 +38,22 @@ def _gate(h: Tensor, parents: Tensor, tau: Tensor, forced: Tensor | None) -> Ten
 
 @torch.no_grad()
 def folded_verify(model: BlockDiffusionLM, tokens: Tensor, parents: Tensor, cache: PrefixCache,
-                  tau: float | Tensor, fold_masks: list[Tensor] | None = None, gate: str = "layer"
-                  ) -> tuple[Tensor, list[Tensor]]:
+                  tau: float | Tensor, fold_masks: list[Tensor] | None = None, gate: str = "layer",
+                  fold_head: bool = False) -> tuple[Tensor, list[Tensor]]:
     """SPEC section 2 for ``model(tokens, parents, cache)``. Returns ``(logits, fold_masks)``.
 
     ``fold_masks`` holds one bool ``[N, B]`` mask per gate: one per layer with ``gate="layer"``, two per
-    layer (attention, then MLP at ``h_mid``) with ``gate="sublayer"``. Passing them forces the folds
+    layer (attention, then MLP at ``h_mid``) with ``gate="sublayer"``, plus one for the final norm and LM
+    head with ``fold_head=True`` (folded rows take their origin's logits). Passing them forces the folds
     instead of evaluating the gate (SPEC P4).
     """
     if gate not in GATES:
         raise ValueError(f"gate: expected one of {GATES}, got {gate!r}")
     model.check_inputs(tokens, parents, cache)
     tau_t = check_tau(tau)
-    gates_per_layer = 2 if gate == "sublayer" else 1
-    if fold_masks is not None and len(fold_masks) != gates_per_layer * len(model.layers):
-        raise ValueError(f"fold_masks: expected {gates_per_layer * len(model.layers)} masks, got {len(fold_masks)}")
+    n_gates = (2 if gate == "sublayer" else 1) * len(model.layers) + int(fold_head)
+    if fold_masks is not None and len(fold_masks) != n_gates:
+        raise ValueError(f"fold_masks: expected {n_gates} masks, got {len(fold_masks)}")
     forced = iter(fold_masks) if fold_masks is not None else None
 
     n_rows, block = tokens.shape
@@ -88,5 +89,9 @@ def folded_verify(model: BlockDiffusionLM, tokens: Tensor, parents: Tensor, cach
         m_p = layer.mlp_out(h_mid.reshape(-1, channels)[rows])  # [R, C]
         h = h_mid + m_p[slot]
 
-    logits = model.shift(model.head(model.norm(h)))
-    return logits, used
+    if fold_head:
+        rows, slot = plan(h)
+        logits = model.head(model.norm(h.reshape(-1, channels)[rows]))[slot]  # [N, B, V]
+    else:
+        logits = model.head(model.norm(h))
+    return model.shift(logits), used

@@ -61,6 +61,9 @@ def region_report(gm: GraphModule, settings: SpecFoldSettings) -> str:
     for layer in a.layers:
         lines.append(f"  layer {layer.index} ({layer.name}): {len(layer.pre_attention)} pre-attention ops, "
                      f"{len(layer.mlp)} MLP ops; rewritten: {', '.join(layer.rewritten) or 'nothing'}")
+    if a.head is not None:
+        lines.append(f"  head: {len(a.head.nodes)} ops after the last layer; rewritten: "
+                     f"{', '.join(a.head.rewritten) or 'nothing'}")
     for b in a.blockers:
         lines.append(f"blocker: {b}")
     for note in a.notes:

@@ -28,6 +28,8 @@ class SpecFoldSettings:
                           every row, then read origins; same results).
     attention_correction: switch: reuse the origin's prefix attention state and merge the branch's own
                           block (off = full attention per row with the inherited q/k/v; same results).
+    fold_head:            also gate the final norm and LM head (SPEC section 2 option): folded rows take
+                          their origin's logits. Off by default.
     inductor:             lower the rewritten graph through Inductor (fuses the norms, RoPE and other
                           elementwise work around the fold ops, which stay extern kernels). Off by
                           default until its speed is measured on the GPU; needs a C++ compiler on CPU.
@@ -41,6 +43,7 @@ class SpecFoldSettings:
     fold: bool = True
     pack: bool = True
     attention_correction: bool = True
+    fold_head: bool = False
     inductor: bool = False
 
     def __post_init__(self) -> None:
@@ -55,7 +58,7 @@ class SpecFoldSettings:
             raise ValueError(f"options['gate']: expected one of {GATES}, got {self.gate!r}")
         if self.kernels not in KERNELS:
             raise ValueError(f"options['kernels']: expected one of {KERNELS}, got {self.kernels!r}")
-        for name in ("strict", "fold", "pack", "attention_correction", "inductor"):
+        for name in ("strict", "fold", "pack", "attention_correction", "fold_head", "inductor"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"options[{name!r}]: expected a bool, got {getattr(self, name)!r}")
 

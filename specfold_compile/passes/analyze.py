@@ -53,6 +53,19 @@ class LayerRegion:
 
 
 @dataclass
+class HeadRegion:
+    """The position-wise ops after the last layer (final norm, LM head), folded with ``fold_head``."""
+
+    h_in: Node
+    nodes: list[Node]
+    outputs: list[Node]  # region values read outside it (the logits, before any logit shift)
+    gates: list[Node] = field(default_factory=list)
+    plans: list[dict[str, Node]] = field(default_factory=list)
+    packed_linears: list[tuple[Node, dict[str, Node]]] = field(default_factory=list)
+    rewritten: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Analysis:
     marker: Node | None = None
     parents: Node | None = None
@@ -60,6 +73,7 @@ class Analysis:
     blockers: list[Blocker] = field(default_factory=list)
     skip_reason: str | None = None  # set when the graph is not a verification pass at all
     tau: Node | None = None
+    head: HeadRegion | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -323,7 +337,30 @@ def find_regions(gm: GraphModule, settings: Any = None) -> GraphModule:
         h = region.h_out
     if not analysis.layers:
         analysis.blockers.append(Blocker("no_layers", "no specfold::branch_attention after the branch marker"))
+    elif getattr(settings, "fold_head", False):
+        analysis.head = _head_region(h, order)
+        if analysis.head is None:
+            analysis.notes.append("fold_head: no position-wise op after the last layer; head left dense")
     return gm
+
+
+def _head_region(h: Node, order: dict[Node, int]) -> HeadRegion | None:
+    """The largest set of position-wise ops fed (transitively) only by the last layer's output ``h``
+    and graph constants: the final norm and the LM head, up to the first op that mixes positions (the
+    Fast-dLLM logit shift) or the graph output."""
+    members: set[Node] = set()
+    desc = _descendants(h)
+    for node in sorted(desc, key=order.__getitem__):
+        if node.op != "call_function" and node.op != "call_method":
+            continue
+        inputs_ok = all(a is h or a in members or a not in desc for a in node.all_input_nodes)
+        if inputs_ok and any(a is h or a in members for a in node.all_input_nodes) \
+                and check_region_node(node, members | {h}) is None and _shape(node) is not None:
+            members.add(node)
+    outputs = [n for n in members if any(u not in members for u in n.users)]
+    if not members or any(_shape(o) is None or len(_shape(o)) < 3 for o in outputs):
+        return None
+    return HeadRegion(h, sorted(members, key=order.__getitem__), sorted(outputs, key=order.__getitem__))
 
 
 def _layer(h: Node, attn: Node, index: int, analysis: Analysis, order: dict[Node, int]) -> LayerRegion | None:

@@ -43,6 +43,13 @@ def insert_gates(gm: GraphModule, settings: Any) -> GraphModule:
             layer.gates.append(gate)
             gate_index += 1
         layer.rewritten.append(f"{len(entries)} gate(s)")
+    if analysis.head is not None:
+        with graph.inserting_before(analysis.head.nodes[0]):
+            gate = graph.call_function(fold_ops.FOLD_GATE, (analysis.head.h_in, analysis.parents, analysis.tau,
+                                                            gate_index, settings.pack, "torch"))
+        gate.meta["specfold_gate_index"] = gate_index
+        analysis.head.gates.append(gate)
+        analysis.head.rewritten.append("1 gate")
     graph.lint()
     gm.recompile()
     return gm

@@ -30,10 +30,11 @@ def lower_kernels(gm: GraphModule, settings: Any) -> GraphModule:
         return gm
     graph = gm.graph
     impl = resolve_impl(settings.kernels, analysis.marker.meta["example_value"].device.type)
-    for layer in analysis.layers:
+    regions = list(analysis.layers) + ([analysis.head] if analysis.head is not None else [])
+    for layer in regions:
         for gate in layer.gates:
             gate.args = (*gate.args[:5], impl)
-        if layer.attention.target is fold_ops.FOLDED_ATTENTION:
+        if getattr(layer, "attention", None) is not None and layer.attention.target is fold_ops.FOLDED_ATTENTION:
             layer.attention.args = (*layer.attention.args[:8], impl)
         for lin, plan in layer.packed_linears:
             x, weight = lin.args[0], lin.args[1]

@@ -118,6 +118,24 @@ def pack_regions(gm: GraphModule, settings: Any) -> GraphModule:
             if not node.users:
                 graph.erase_node(node)
         layer.rewritten.append(f"packed {len(layer.pre_attention)} pre-attention + {len(layer.mlp)} MLP ops")
+    head = analysis.head
+    if head is not None:
+        block = _shape(head.h_in)[1]
+        plan = _plan(graph, head.gates[0])
+        head.plans = [plan]
+        users = sorted({u for o in head.outputs for u in o.users if u not in set(head.nodes)},
+                       key=lambda n: list(graph.nodes).index(n))
+        with graph.inserting_before(users[0]):
+            env = _copy_packed(graph, head.nodes, head.h_in, plan, block, head.packed_linears)
+            unpacked = {o: graph.call_function(fold_ops.unpack_rows, (env[o], plan["slot"])) for o in head.outputs}
+        for o, u in unpacked.items():
+            for user in list(o.users):
+                if user not in set(head.nodes) and user is not u:
+                    user.replace_input_with(o, u)
+        for node in reversed(head.nodes):
+            if not node.users:
+                graph.erase_node(node)
+        head.rewritten.append(f"packed {len(head.nodes)} head ops")
     graph.lint()
     gm.recompile()
     return gm
