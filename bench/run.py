@@ -153,10 +153,10 @@ def suite_per_check(args) -> list[dict]:
         torch._dynamo.reset()
         model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
         cfg = model.config
-        folded = torch.compile(model, backend=specfold_backend, options={"tau": TAU, "kernels": KERNELS})
+        options = {"tau": TAU, "kernels": KERNELS, "fold_head": args.fold_head}
+        folded = torch.compile(model, backend=specfold_backend, options=options)
         # SpecFold with the rewritten graph lowered through Inductor (options["inductor"]), when asked.
-        folded_ind = torch.compile(model, backend=specfold_backend,
-                                   options={"tau": TAU, "kernels": KERNELS, "inductor": True}) \
+        folded_ind = torch.compile(model, backend=specfold_backend, options={**options, "inductor": True}) \
             if args.specfold_inductor else None
         inductor = torch.compile(model.verify, dynamic=True) if args.inductor and name != "nld-3b" else None
         for prefix in prefixes:
@@ -436,6 +436,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-inductor", dest="inductor", action="store_false")
     ap.add_argument("--specfold-inductor", action="store_true",
                     help="per_check: also time SpecFold with options['inductor']=True")
+    ap.add_argument("--fold-head", action="store_true", help="per_check: SpecFold with options['fold_head']")
     ap.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes on the CPU, to test the suites")
     ap.add_argument("--limit", type=int, default=30, help="problems per task (end_to_end)")
     ap.add_argument("--draft-budget", type=int, default=16, help="Spiffy D* (end_to_end)")
