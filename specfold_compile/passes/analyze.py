@@ -123,56 +123,50 @@ def _dims_arg(node: Node, pos: int, name: str) -> Any:
     return node.kwargs.get(name)
 
 
+def _op_name(node: Node) -> str:
+    return node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+
+
+def _check_norm(node: Node) -> str | None:
+    src, shape = _shape(node.args[0]), _dims_arg(node, 1, "normalized_shape")
+    if src is None or shape is None:
+        return "normalisation of unknown shape"
+    n_norm = len(shape) if isinstance(shape, (tuple, list)) else 1
+    return None if len(src) - n_norm >= 2 else "normalisation over the branch/position dims"
+
+
+def _check_cat(node: Node) -> str | None:
+    shape = _shape(node)
+    dim = _dims_arg(node, 1, "dim") or 0
+    return None if shape and _norm_dim(dim, len(shape)) >= 2 else "cat along the branch/position dims"
+
+
+# (methods, functions, checker(node, region)) for every kind of op a region may hold.
+_CHECKS = (
+    (T.ELEMENTWISE_METHODS, T.ELEMENTWISE_FUNCTIONS, lambda n, r: _check_elementwise(n, r)),
+    (T.CAST_METHODS, set(), lambda n, r: None),
+    (set(), T.LINEAR_FUNCTIONS, lambda n, r: None),
+    (set(), T.NORM_FUNCTIONS, lambda n, r: _check_norm(n)),
+    (T.REDUCTION_METHODS, T.REDUCTION_FUNCTIONS, lambda n, r: _check_reduction(n)),
+    (T.VIEW_METHODS, T.VIEW_FUNCTIONS, lambda n, r: _check_view(n)),
+    (T.DIM_METHODS, T.DIM_FUNCTIONS, lambda n, r: _check_dim_op(n)),
+    (set(), T.CAT_FUNCTIONS, lambda n, r: _check_cat(n)),
+    (set(), {operator.getitem}, lambda n, r: _check_getitem(n)),
+    (T.SIZE_METHODS, T.SIZE_FUNCTIONS, lambda n, r: _check_size(n, r)),
+    (T.SPLIT_METHODS, T.SPLIT_FUNCTIONS, lambda n, r: _check_split(n, _op_name(n))),
+)
+
+
 def check_region_node(node: Node, region: set[Node]) -> str | None:
     """None when ``node`` is position-wise with (branch, position) leading; else the reason."""
-    t = node.target
-    if node.op == "call_method":
-        if t in T.ELEMENTWISE_METHODS:
-            return _check_elementwise(node, region)
-        if t in T.CAST_METHODS:
-            return None
-        if t in T.REDUCTION_METHODS:
-            return _check_reduction(node)
-        if t in T.VIEW_METHODS:
-            return _check_view(node)
-        if t in T.DIM_METHODS:
-            return _check_dim_op(node)
-        if t in T.SIZE_METHODS:
-            return _check_size(node, region)
-        if t in T.SPLIT_METHODS:
-            return _check_split(node, t)
-        return f"method Tensor.{t} is not known to be position-wise"
-    if node.op == "call_function":
-        if t in T.ELEMENTWISE_FUNCTIONS:
-            return _check_elementwise(node, region)
-        if t in T.LINEAR_FUNCTIONS:
-            return None
-        if t in T.NORM_FUNCTIONS:
-            src, shape = _shape(node.args[0]), _dims_arg(node, 1, "normalized_shape")
-            if src is None or shape is None:
-                return "normalisation of unknown shape"
-            n_norm = len(shape) if isinstance(shape, (tuple, list)) else 1
-            return None if len(src) - n_norm >= 2 else "normalisation over the branch/position dims"
-        if t in T.REDUCTION_FUNCTIONS:
-            return _check_reduction(node)
-        if t in T.VIEW_FUNCTIONS:
-            return _check_view(node)
-        if t in T.DIM_FUNCTIONS:
-            return _check_dim_op(node)
-        if t in T.CAT_FUNCTIONS:
-            shape = _shape(node)
-            dim = _dims_arg(node, 1, "dim") or 0
-            return None if shape and _norm_dim(dim, len(shape)) >= 2 else "cat along the branch/position dims"
-        if t is operator.getitem:
-            return _check_getitem(node)
-        if t in T.SIZE_FUNCTIONS:
-            return _check_size(node, region)
-        if t in T.SPLIT_FUNCTIONS:
-            return _check_split(node, t.__name__)
-        if t is T.BRANCH_ATTENTION or t in T.KNOWN_MIXING:
-            return f"{T.target_name(node)} mixes positions inside a position-wise region"
-        return f"{T.target_name(node)} is not known to be position-wise"
-    return f"{node.op} node inside a region"
+    if node.op not in ("call_method", "call_function"):
+        return f"{node.op} node inside a region"
+    for methods, functions, check in _CHECKS:
+        if node.target in (methods if node.op == "call_method" else functions):
+            return check(node, region)
+    if node.op == "call_function" and (node.target is T.BRANCH_ATTENTION or node.target in T.KNOWN_MIXING):
+        return f"{T.target_name(node)} mixes positions inside a position-wise region"
+    return f"{T.target_name(node)} is not known to be position-wise"
 
 
 def _check_elementwise(node: Node, region: set[Node]) -> str | None:
