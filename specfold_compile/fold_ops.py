@@ -47,7 +47,7 @@ def fold_gate(h: Tensor, parents: Tensor, tau: Tensor, gate_index: int, pack: bo
         slot = origin.clone()
     from .backend import stats
 
-    stats.record_gate(gate_index, fold, origin, parents)
+    stats.record_gate(gate_index, fold, parents)
     return fold, origin, rows, count, slot
 
 

@@ -101,7 +101,7 @@ def _chain_lengths(fold: Tensor, parents: Tensor) -> dict[int, int]:
     return {int(v): int(c) for v, c in zip(values, counts)}
 
 
-def record_gate(gate_index: int, fold: Tensor, origin: Tensor, parents: Tensor) -> None:
+def record_gate(gate_index: int, fold: Tensor, parents: Tensor) -> None:
     if _active and not torch.compiler.is_compiling():
         for s in _active:
             s._record(gate_index, fold, parents)

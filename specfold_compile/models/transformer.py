@@ -311,10 +311,11 @@ class BlockDiffusionLM(nn.Module):
 
     # --- sequence passes: prefill, block writes, training ---------------------------------------
     def _sequence(self, ids: Tensor, positions: Tensor, allowed: Tensor,
-                  cache: PrefixCache | None) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+                  cache: PrefixCache | None, keep_kv: bool = True) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """Plain transformer over ids [b, S]; allowed: bool [b or 1, S, P+S] (True = may attend).
 
-        Returns the final hidden states [b, S, C] and per-layer K/V [Hkv, P+S, D] (for b = 1).
+        Returns the final hidden states [b, S, C] and (``keep_kv``) the per-layer K/V [Hkv, P+S, D] of the
+        first sequence.
         """
         h = self.embed_tokens(ids)
         pos = self.position_tables(positions)
@@ -331,15 +332,16 @@ class BlockDiffusionLM(nn.Module):
                 scale=layer.scale, enable_gqa=True).transpose(1, 2)
             h = h + layer.attn_out(o)
             h = h + layer.mlp_out(h)
-            keys.append(k_all[0].transpose(0, 1).contiguous())
-            values.append(v_all[0].transpose(0, 1).contiguous())
+            if keep_kv:  # prefill / block writes keep the K/V; the training forward does not need them
+                keys.append(k_all[0].transpose(0, 1).contiguous())
+                values.append(v_all[0].transpose(0, 1).contiguous())
         return self.norm(h), keys, values
 
     def forward_sequence(self, ids: Tensor, positions: Tensor, attn_mask: Tensor) -> Tensor:
         """Training/analysis forward: ids [b, S], positions [S], attn_mask bool [S, S] or [b, S, S]
         (True = may attend). Returns raw logits [b, S, V] (no shift)."""
         mask = attn_mask if attn_mask.dim() == 3 else attn_mask[None]
-        h, _, _ = self._sequence(ids, positions, mask, None)
+        h, _, _ = self._sequence(ids, positions, mask, None, keep_kv=False)
         return self.head(h)
 
     def empty_cache(self, device: torch.device | str | None = None) -> PrefixCache:

@@ -123,14 +123,15 @@ def pack_regions(gm: GraphModule, settings: Any) -> GraphModule:
         block = _shape(head.h_in)[1]
         plan = _plan(graph, head.gates[0])
         head.plans = [plan]
-        users = sorted({u for o in head.outputs for u in o.users if u not in set(head.nodes)},
-                       key=lambda n: list(graph.nodes).index(n))
-        with graph.inserting_before(users[0]):
+        members = set(head.nodes)
+        readers = {u for o in head.outputs for u in o.users if u not in members}
+        first_reader = next(n for n in graph.nodes if n in readers)
+        with graph.inserting_before(first_reader):
             env = _copy_packed(graph, head.nodes, head.h_in, plan, block, head.packed_linears)
             unpacked = {o: graph.call_function(fold_ops.unpack_rows, (env[o], plan["slot"])) for o in head.outputs}
         for o, u in unpacked.items():
             for user in list(o.users):
-                if user not in set(head.nodes) and user is not u:
+                if user not in members and user is not u:
                     user.replace_input_with(o, u)
         for node in reversed(head.nodes):
             if not node.users:
