@@ -4,8 +4,8 @@ Two launches, grids depend on shapes only:
   1. ``_fold_flag_kernel``: one program per BLOCK_ROWS rows (n, b); fp32 sums of squares of the
      row-minus-parent difference and of the parent row, chunked over C.
   2. ``_resolve_kernel``: a single program; holds the [N, B] fold tile in registers, computes the
-     compaction positions with ``tl.cumsum`` (deterministic), then walks rows in topological order,
-     resolving origin and slot by gathering the parent row from the register tile.
+     compaction positions with ``tl.cumsum`` (deterministic), then resolves origins by pointer
+     jumping (ceil(log2(N - 1)) rounds instead of a walk over N rows) and slots by one gather.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def _fold_flag_kernel(
 def _resolve_kernel(
     fold_ptr, parents_ptr, origin_ptr, rows_ptr, count_ptr, slot_ptr,
     N, B,
-    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, JUMPS: tl.constexpr,
 ):
     rn = tl.arange(0, BLOCK_N)
     rb = tl.arange(0, BLOCK_B)
@@ -70,19 +70,26 @@ def _resolve_kernel(
     pos = row_excl[:, None] + in_row - 1                        # valid where computed
     count = tl.sum(row_tot, axis=0)
 
-    origin = flat
-    slot = pos
-    for n in range(1, N):
-        p = tl.load(parents_ptr + n).to(tl.int32)
-        is_p = rn[:, None] == p
-        par_origin = tl.sum(tl.where(is_p, origin, 0), axis=0)  # [BLOCK_B] gather of row p
-        par_slot = tl.sum(tl.where(is_p, slot, 0), axis=0)
-        upd = (rn[:, None] == n) & fold
-        origin = tl.where(upd, par_origin[None, :], origin)
-        slot = tl.where(upd, par_slot[None, :], slot)
-
-    tl.store(origin_ptr + flat, origin.to(tl.int64), mask=valid)
-    tl.store(slot_ptr + flat, slot.to(tl.int64), mask=valid)
+    # Origin by pointer jumping: link = the same position of the parent row where folded, else itself
+    # (computed rows are fixed points). After j rounds link is 2^j steps up the fold chain, so
+    # JUMPS = ceil(log2(N - 1)) rounds reach the computed end of any chain. Registers cannot be
+    # gathered, so each round goes through origin_ptr; the barriers make one round's stores visible to
+    # every thread of this single program before the next round's loads (and keep loads before stores).
+    par = tl.load(parents_ptr + rn, mask=(rn >= 1) & (rn < N), other=0).to(tl.int32)
+    link = tl.where(fold, par[:, None] * B + rb[None, :], flat)
+    for _ in tl.static_range(JUMPS):
+        tl.store(origin_ptr + flat, link.to(tl.int64), mask=valid)
+        tl.debug_barrier()
+        link = tl.load(origin_ptr + link, mask=valid, other=0, cache_modifier=".cg").to(tl.int32)
+        tl.debug_barrier()
+    tl.store(origin_ptr + flat, link.to(tl.int64), mask=valid)
+    # slot = compaction position of the origin (always a computed row): publish the computed rows'
+    # positions, then gather them through the origin map.
+    tl.store(slot_ptr + flat, pos.to(tl.int64), mask=computed)
+    tl.debug_barrier()
+    slot = tl.load(slot_ptr + link, mask=valid, other=0, cache_modifier=".cg")
+    tl.debug_barrier()
+    tl.store(slot_ptr + flat, slot, mask=valid)
     # compaction: scatter computed flat indices to their positions; zero the tail [count, N*B)
     tl.store(rows_ptr + pos, flat.to(tl.int64), mask=computed)
     tl.store(rows_ptr + flat, tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.int64), mask=valid & (flat >= count))
@@ -122,9 +129,10 @@ def resolve_folds(fold: torch.Tensor, parents: torch.Tensor):
     parents = parents.contiguous()
     BLOCK_N = max(triton.next_power_of_2(max(N, 1)), 2)
     BLOCK_B = max(triton.next_power_of_2(max(B, 1)), 2)
+    jumps = max(N - 2, 0).bit_length()  # ceil(log2(N - 1)): the longest fold chain has N - 1 links
     _resolve_kernel[(1,)](
         fold_i8, parents, origin, rows, count, slot, N, B,
-        BLOCK_N=BLOCK_N, BLOCK_B=BLOCK_B, num_warps=4,
+        BLOCK_N=BLOCK_N, BLOCK_B=BLOCK_B, JUMPS=jumps, num_warps=4,
     )
     return origin, rows, count, slot
 

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from . import _common
 
-from ._common import dot_precision, tl_dtype, use_autotune
+from ._common import dot_precision, use_autotune
 
 
 def _cuda_configs():
@@ -33,8 +33,7 @@ def _packed_linear_body(
     x_ptr, w_ptr, b_ptr, y_ptr, count_ptr,
     R, M, K, R_KEY,
     stride_xr, stride_wm, stride_yr,
-    HAS_BIAS: tl.constexpr, HAS_COUNT: tl.constexpr,
-    DOT_T: tl.constexpr, PREC: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_COUNT: tl.constexpr, PREC: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_r = tl.program_id(0)
@@ -51,12 +50,18 @@ def _packed_linear_body(
     x_rows = x_ptr + rr.to(tl.int64)[:, None] * stride_xr
     w_rows = w_ptr + nn.to(tl.int64)[None, :] * stride_wm
     acc = tl.zeros([BLOCK_R, BLOCK_N], dtype=tl.float32)
+    # Operands go from memory to tl.dot unconverted: a convert in between keeps Hopper's pipeliner from
+    # feeding wgmma straight from shared memory (bf16 dots are exact under the test interpreter patch).
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
-        kmask = kk < K
-        a = tl.load(x_rows + kk[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-        w = tl.load(w_rows + kk[:, None], mask=kmask[:, None] & nmask[None, :], other=0.0).to(tl.float32)
-        acc = tl.dot(a.to(DOT_T), w.to(DOT_T), acc, input_precision=PREC)
+        if EVEN_K:
+            a = tl.load(x_rows + kk[None, :], mask=rmask[:, None], other=0.0)
+            w = tl.load(w_rows + kk[:, None], mask=nmask[None, :], other=0.0)
+        else:
+            kmask = kk < K
+            a = tl.load(x_rows + kk[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+            w = tl.load(w_rows + kk[:, None], mask=kmask[:, None] & nmask[None, :], other=0.0)
+        acc = tl.dot(a, w, acc, input_precision=PREC)
     if HAS_BIAS:
         bias = tl.load(b_ptr + nn, mask=nmask, other=0.0).to(tl.float32)
         acc = acc + bias[None, :]
@@ -67,7 +72,7 @@ def _packed_linear_body(
 _packed_linear_kernel = _packed_linear_body
 if use_autotune():
     _packed_linear_kernel_tuned = triton.autotune(configs=_cuda_configs(), key=["R_KEY", "M", "K"])(
-        _packed_linear_body)
+        triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})(_packed_linear_body))
 else:
     _packed_linear_kernel_tuned = None
 
@@ -96,10 +101,7 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     y = _common.empty((R, M), x.dtype, x.device)
     if R == 0 or M == 0:
         return y.view(*lead, M)
-    common = dict(
-        HAS_BIAS=bias is not None, HAS_COUNT=count is not None,
-        DOT_T=tl_dtype(x.dtype), PREC=dot_precision(x.dtype),
-    )
+    common = dict(HAS_BIAS=bias is not None, HAS_COUNT=count is not None, PREC=dot_precision(x.dtype))
     args = (x2, weight, bias if bias is not None else y, y, count if count is not None else y,
             R, M, K, _row_bucket(R), x2.stride(0), weight.stride(0), y.stride(0))
     if _packed_linear_kernel_tuned is not None:
@@ -108,5 +110,6 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     else:
         BR, BN, BK = 16, 32, 32
         grid = (triton.cdiv(R, BR), triton.cdiv(M, BN))
-        _packed_linear_kernel[grid](*args, **common, BLOCK_R=BR, BLOCK_N=BN, BLOCK_K=BK, num_warps=4)
+        _packed_linear_kernel[grid](*args, **common, BLOCK_R=BR, BLOCK_N=BN, BLOCK_K=BK, EVEN_K=K % BK == 0,
+                                    num_warps=4)
     return y.view(*lead, M)
