@@ -147,9 +147,10 @@ def suite_check(args) -> list[dict]:
 def suite_per_check(args) -> list[dict]:
     rows: list[dict] = []
     deadline = Deadline(args.budget)
-    ns = (1, 5, 9, 17, 33) if not args.quick else (1, 5)
-    prefixes = (512, 2048) if not args.quick else (512,)
-    for name in (MODELS if not args.quick else MODELS[:1]):
+    ns = args.ns or ((1, 5, 9, 17, 33) if not args.quick else (1, 5))
+    prefixes = args.prefixes or ((512, 2048) if not args.quick else (512,))
+    ratios = {t: c for t, c in CHANGED_FOR_RATIO.items() if not args.ratios or t in args.ratios}
+    for name in args.models or (MODELS if not args.quick else MODELS[:1]):
         torch._dynamo.reset()
         model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
         cfg = model.config
@@ -183,26 +184,28 @@ def suite_per_check(args) -> list[dict]:
                                      "cuda_graph": cg, "first_call_s": compile_s})
                     if n_rows == 1:
                         continue
-                    for target, changed in CHANGED_FOR_RATIO.items():
+                    for target, changed in ratios.items():
                         tokens, parents = _inputs(model, n_rows, changed, 100 * n_rows + changed)
-                        with torch.no_grad():
-                            t0 = time.monotonic()
-                            with collect_stats() as s:
-                                folded(tokens, parents, cache)
-                            first_s = time.monotonic() - t0
-                            ratio = s.recompute_ratio
-                            computed = cfg.block_size + round(ratio * (n_rows - 1) * cfg.block_size)
-                            ms, cg = time_cuda_graph(lambda: folded(tokens, parents, cache))
-                        rows.append({**base, "mode": "specfold", "recompute_ratio": ratio, "ms": ms,
-                                     "cuda_graph": cg, "target_ratio": target, "first_call_s": first_s})
+                        t0 = time.monotonic()
+                        with torch.no_grad(), collect_stats() as s:
+                            folded(tokens, parents, cache)  # the gate's decisions on these inputs
+                        first_call_s = {"specfold": time.monotonic() - t0}
+                        ratio = s.recompute_ratio
+                        computed = cfg.block_size + round(ratio * (n_rows - 1) * cfg.block_size)
                         rows.append({**base, "mode": "floor", "recompute_ratio": ratio, "cuda_graph": False,
                                      "ms": floor_ms(cfg, n_rows, computed, prefix), "target_ratio": target})
-                        if folded_ind is not None:
+                        for mode, fn in (("specfold", folded), ("specfold_inductor", folded_ind)):
+                            if fn is None:
+                                continue
                             with torch.no_grad():
-                                folded_ind(tokens, parents, cache)
-                                ms, cg = time_cuda_graph(lambda: folded_ind(tokens, parents, cache))
-                            rows.append({**base, "mode": "specfold_inductor", "recompute_ratio": ratio, "ms": ms,
-                                         "cuda_graph": cg, "target_ratio": target})
+                                if mode not in first_call_s:
+                                    t0 = time.monotonic()
+                                    fn(tokens, parents, cache)
+                                    first_call_s[mode] = time.monotonic() - t0
+                                ms, cg = time_cuda_graph(lambda: fn(tokens, parents, cache))
+                            rows.append({**base, "mode": mode, "recompute_ratio": ratio, "ms": ms, "cuda_graph": cg,
+                                         "target_ratio": target, "first_call_s": first_call_s[mode]})
+                            print(json.dumps(rows[-1]), flush=True)
                 except Exception as exc:  # keep measuring the rest; record why this one failed
                     traceback.print_exc()
                     rows.append({**base, "mode": "error", "error": repr(exc)[:300]})
@@ -249,52 +252,73 @@ def suite_memory(args) -> list[dict]:
     return rows
 
 
+def _kernel_group(name: str) -> str:
+    """Which part of the forward a CUDA kernel belongs to, from its name."""
+    key = name.lower()
+    if "fold_flag" in key or "resolve" in key:
+        return "gate+origin+compaction"
+    if "prefix_attn" in key:
+        return "attention_prefix"
+    if "block_attn" in key:
+        return "attention_block_merge"
+    if "branch_attn" in key:
+        return "attention_dense"
+    if "packed_linear" in key:
+        return "packed_linears"
+    if "index" in key or "gather" in key or "scatter" in key:
+        return "packing_gather_scatter"
+    if "gemm" in key or "matmul" in key or "cutlass" in key or "sm90" in key or "nvjet" in key:
+        return "dense_gemm"
+    return "rest(elementwise,norms)"
+
+
 def suite_breakdown(args) -> list[dict]:
+    """Kernel time per part of one verification forward (torch.profiler, N = 17, prefix 512), for the
+    folded forward and, with --breakdown-modes, the dense one and the Inductor-lowered folded one."""
     if DEVICE != "cuda":
         print("this suite measures CUDA memory/kernels: skipped in --cpu-dry-run", flush=True)
         return []
     from torch.profiler import ProfilerActivity, profile
 
     rows = []
-    for name in ("fast-dllm-v2-1.5b", "fast-dllm-v2-7b"):
+    for name in args.models or ("fast-dllm-v2-1.5b", "fast-dllm-v2-7b"):
         torch._dynamo.reset()
         model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
         cache = _prefix(model, 512, 1)
-        folded = torch.compile(model, backend=specfold_backend, options={"tau": TAU, "kernels": KERNELS})
         tokens, parents = _inputs(model, 17, 6, 17)
-        with torch.no_grad():
-            for _ in range(3):
-                folded(tokens, parents, cache)
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    folded(tokens, parents, cache)
-                torch.cuda.synchronize()
-        groups: dict[str, float] = {}
-        for evt in prof.key_averages():
-            key = evt.key.lower()
-            us = evt.device_time_total if hasattr(evt, "device_time_total") else evt.cuda_time_total
-            if "fold_flag" in key or "resolve" in key:
-                group = "gate+origin+compaction"
-            elif "prefix_attn" in key:
-                group = "attention_prefix"
-            elif "block_attn" in key:
-                group = "attention_block_merge"
-            elif "packed_linear" in key:
-                group = "packed_linears"
-            elif "index" in key or "gather" in key or "scatter" in key:
-                group = "packing_gather_scatter"
-            elif "gemm" in key or "matmul" in key or "cutlass" in key or "sm90" in key:
-                group = "dense_gemm(o_proj,head)"
+        for mode in args.breakdown_modes:
+            if mode == "dense":
+                fn = model.verify
             else:
-                group = "rest(elementwise,norms)"
-            groups[group] = groups.get(group, 0.0) + us / 5 / 1e3
-        total = sum(groups.values())
-        for group, ms in sorted(groups.items(), key=lambda kv: -kv[1]):
-            rows.append({"model": name, "n_branches": 17, "prefix": 512, "part": group, "ms_per_forward": ms,
-                         "ms_per_layer": ms / model.config.num_layers, "share": ms / total})
-            print(json.dumps(rows[-1]), flush=True)
-        del model, cache, folded
+                options = {"tau": TAU, "kernels": KERNELS, "inductor": mode == "specfold_inductor"}
+                fn = torch.compile(model, backend=specfold_backend, options=options)
+            with torch.no_grad():
+                with collect_stats() as s:
+                    fn(tokens, parents, cache)
+                for _ in range(3):
+                    fn(tokens, parents, cache)
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(5):
+                        fn(tokens, parents, cache)
+                    torch.cuda.synchronize()
+            groups: dict[str, list] = {}
+            for evt in prof.key_averages():
+                us = evt.device_time_total if hasattr(evt, "device_time_total") else evt.cuda_time_total
+                if us <= 0:
+                    continue
+                group = groups.setdefault(_kernel_group(evt.key), [0.0, 0])
+                group[0] += us / 5 / 1e3
+                group[1] += evt.count / 5
+            total = sum(ms for ms, _ in groups.values())
+            for group, (ms, launches) in sorted(groups.items(), key=lambda kv: -kv[1][0]):
+                rows.append({"model": name, "mode": mode, "n_branches": 17, "prefix": 512,
+                             "recompute_ratio": s.recompute_ratio if mode != "dense" else 1.0, "part": group,
+                             "ms_per_forward": ms, "ms_per_layer": ms / model.config.num_layers, "share": ms / total,
+                             "kernels_per_forward": launches})
+                print(json.dumps(rows[-1]), flush=True)
+            del fn
+        del model, cache
         torch.cuda.empty_cache()
     return rows
 
@@ -438,6 +462,16 @@ def main(argv=None) -> int:
                     help="per_check: also time SpecFold with options['inductor']=True")
     ap.add_argument("--fold-head", action="store_true", help="per_check: SpecFold with options['fold_head']")
     ap.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes on the CPU, to test the suites")
+    ap.add_argument("--models", type=lambda v: tuple(v.split(",")), default=None,
+                    help=f"per_check / breakdown: comma-separated subset of {','.join(MODELS)}")
+    ap.add_argument("--ns", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
+                    help="per_check: branch counts (default 1,5,9,17,33)")
+    ap.add_argument("--prefixes", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
+                    help="per_check: prefix lengths (default 512,2048)")
+    ap.add_argument("--ratios", type=lambda v: tuple(float(x) for x in v.split(",")), default=None,
+                    help=f"per_check: target recompute ratios, a subset of {sorted(CHANGED_FOR_RATIO)}")
+    ap.add_argument("--breakdown-modes", type=lambda v: tuple(v.split(",")), default=("specfold",),
+                    help="breakdown: profile these of dense,specfold,specfold_inductor")
     ap.add_argument("--limit", type=int, default=30, help="problems per task (end_to_end)")
     ap.add_argument("--draft-budget", type=int, default=16, help="Spiffy D* (end_to_end)")
     args = ap.parse_args(argv)
