@@ -1,6 +1,8 @@
 """Plot per-check latency against the number of branches (like the SpecFold paper's Fig. 3).
 
-``python -m bench.plot bench/results/h200/per_check.json`` writes ``per_check.png`` next to it.
+``python -m bench.plot bench/results/h200/per_check.json`` writes ``per_check.png`` next to it;
+``python -m bench.plot OUT.json IN1.json IN2.json ...`` first merges the rows of several runs (e.g. one
+device call per model) into OUT.json.
 """
 
 from __future__ import annotations
@@ -19,16 +21,18 @@ def plot_per_check(path: str | Path) -> Path:
 
     path = Path(path)
     rows = [r for r in json.loads(path.read_text())["rows"] if r.get("mode") != "error"]
-    panels = sorted({(r["model"], r["prefix"]) for r in rows})
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for ax, (model, prefix) in zip(axes[0], panels):
+    models = sorted({r["model"] for r in rows})
+    prefixes = sorted({r["prefix"] for r in rows})
+    fig, axes = plt.subplots(len(prefixes), len(models), figsize=(5.5 * len(models), 4.2 * len(prefixes)),
+                             squeeze=False)
+    for ax, (prefix, model) in zip(axes.flat, [(p, m) for p in prefixes for m in models]):
         series: dict[str, list[tuple[int, float]]] = defaultdict(list)
         for r in rows:
             if (r["model"], r["prefix"]) != (model, prefix):
                 continue
             if r["mode"] in ("dense", "dense_compiled"):
                 label = r["mode"]
-            elif r["mode"] in ("specfold", "specfold_inductor"):
+            elif r["mode"] in ("specfold", "specfold_no_inductor"):
                 label = f"{r['mode']} (ratio ~{r['target_ratio']})"
             elif r["mode"] == "floor" and r.get("target_ratio") is None:
                 label = "floor (dense)"
@@ -48,5 +52,17 @@ def plot_per_check(path: str | Path) -> Path:
     return out
 
 
+def merge_results(out: str | Path, inputs: list[str | Path]) -> Path:
+    """One JSON from several runs of the same suite: rows concatenated, each run's header kept."""
+    runs = [json.loads(Path(p).read_text()) for p in inputs]
+    merged = {"versions": runs[0].get("versions"), "suite": runs[0].get("suite"),
+              "runs": [{k: v for k, v in run.items() if k != "rows"} for run in runs],
+              "rows": [row for run in runs for row in run["rows"]]}
+    Path(out).write_text(json.dumps(merged, indent=1) + "\n")
+    return Path(out)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 2:
+        merge_results(sys.argv[1], sys.argv[2:])
     print(plot_per_check(sys.argv[1] if len(sys.argv) > 1 else "bench/results/per_check.json"))

@@ -154,12 +154,12 @@ def suite_per_check(args) -> list[dict]:
         torch._dynamo.reset()
         model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
         cfg = model.config
-        options = {"tau": TAU, "kernels": KERNELS, "fold_head": args.fold_head}
+        options = {"tau": TAU, "kernels": KERNELS, "fold_head": args.fold_head, "dense_fraction": args.dense_fraction}
         folded = torch.compile(model, backend=specfold_backend, options=options)
-        # SpecFold with the rewritten graph lowered through Inductor (options["inductor"]), when asked.
-        folded_ind = torch.compile(model, backend=specfold_backend, options={**options, "inductor": True}) \
-            if args.specfold_inductor else None
-        inductor = torch.compile(model.verify, dynamic=True) if args.inductor and name != "nld-3b" else None
+        # Ablation: the rewritten graph run as is, without the default Inductor lowering on CUDA.
+        folded_plain = torch.compile(model, backend=specfold_backend, options={**options, "inductor": False}) \
+            if args.specfold_no_inductor else None
+        inductor = torch.compile(model.verify, dynamic=True) if args.inductor else None
         for prefix in prefixes:
             cache = _prefix(model, prefix, 1)
             for n_rows in ns:
@@ -174,14 +174,19 @@ def suite_per_check(args) -> list[dict]:
                     rows.append({**base, "mode": "dense", "recompute_ratio": 1.0, "ms": ms, "cuda_graph": cg})
                     rows.append({**base, "mode": "floor", "recompute_ratio": 1.0, "cuda_graph": False,
                                  "ms": floor_ms(cfg, n_rows, n_rows * cfg.block_size, prefix)})
-                    if inductor is not None and prefix == 512:
-                        with torch.no_grad():
-                            t0 = time.monotonic()
-                            inductor(tokens, parents, cache)
-                            compile_s = time.monotonic() - t0
-                            ms, cg = time_cuda_graph(lambda: inductor(tokens, parents, cache))
-                        rows.append({**base, "mode": "dense_compiled", "recompute_ratio": 1.0, "ms": ms,
-                                     "cuda_graph": cg, "first_call_s": compile_s})
+                    if inductor is not None and prefix == 512 and n_rows > 1:  # N = 1 would compile again
+                        try:
+                            with torch.no_grad():
+                                t0 = time.monotonic()
+                                inductor(tokens, parents, cache)
+                                compile_s = time.monotonic() - t0
+                                ms, cg = time_cuda_graph(lambda: inductor(tokens, parents, cache))
+                            rows.append({**base, "mode": "dense_compiled", "recompute_ratio": 1.0, "ms": ms,
+                                         "cuda_graph": cg, "first_call_s": compile_s})
+                        except Exception as exc:  # record once, stop trying this model's dense compile
+                            traceback.print_exc()
+                            rows.append({**base, "mode": "error", "what": "dense_compiled", "error": repr(exc)[:300]})
+                            inductor = None
                     if n_rows == 1:
                         continue
                     for target, changed in ratios.items():
@@ -194,7 +199,7 @@ def suite_per_check(args) -> list[dict]:
                         computed = cfg.block_size + round(ratio * (n_rows - 1) * cfg.block_size)
                         rows.append({**base, "mode": "floor", "recompute_ratio": ratio, "cuda_graph": False,
                                      "ms": floor_ms(cfg, n_rows, computed, prefix), "target_ratio": target})
-                        for mode, fn in (("specfold", folded), ("specfold_inductor", folded_ind)):
+                        for mode, fn in (("specfold", folded), ("specfold_no_inductor", folded_plain)):
                             if fn is None:
                                 continue
                             with torch.no_grad():
@@ -211,7 +216,7 @@ def suite_per_check(args) -> list[dict]:
                     rows.append({**base, "mode": "error", "error": repr(exc)[:300]})
                 print(json.dumps(rows[-1]), flush=True)
             del cache
-        del model, folded, folded_ind, inductor
+        del model, folded, folded_plain, inductor
         torch.cuda.empty_cache()
     return rows
 
@@ -290,7 +295,8 @@ def suite_breakdown(args) -> list[dict]:
             if mode == "dense":
                 fn = model.verify
             else:
-                options = {"tau": TAU, "kernels": KERNELS, "inductor": mode == "specfold_inductor"}
+                options = {"tau": TAU, "kernels": KERNELS, "dense_fraction": args.dense_fraction,
+                           **({"inductor": False} if mode == "specfold_no_inductor" else {})}
                 fn = torch.compile(model, backend=specfold_backend, options=options)
             with torch.no_grad():
                 with collect_stats() as s:
@@ -458,8 +464,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--budget", type=float, default=420.0, help="seconds for per_check")
     ap.add_argument("--no-inductor", dest="inductor", action="store_false")
-    ap.add_argument("--specfold-inductor", action="store_true",
-                    help="per_check: also time SpecFold with options['inductor']=True")
+    ap.add_argument("--specfold-no-inductor", action="store_true",
+                    help="per_check: also time SpecFold with options['inductor']=False (ablation)")
+    ap.add_argument("--dense-fraction", type=float, default=0.3, help="SpecFold options['dense_fraction']")
     ap.add_argument("--fold-head", action="store_true", help="per_check: SpecFold with options['fold_head']")
     ap.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes on the CPU, to test the suites")
     ap.add_argument("--models", type=lambda v: tuple(v.split(",")), default=None,
@@ -471,7 +478,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ratios", type=lambda v: tuple(float(x) for x in v.split(",")), default=None,
                     help=f"per_check: target recompute ratios, a subset of {sorted(CHANGED_FOR_RATIO)}")
     ap.add_argument("--breakdown-modes", type=lambda v: tuple(v.split(",")), default=("specfold",),
-                    help="breakdown: profile these of dense,specfold,specfold_inductor")
+                    help="breakdown: profile these of dense,specfold,specfold_no_inductor")
     ap.add_argument("--limit", type=int, default=30, help="problems per task (end_to_end)")
     ap.add_argument("--draft-budget", type=int, default=16, help="Spiffy D* (end_to_end)")
     args = ap.parse_args(argv)

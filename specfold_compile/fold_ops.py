@@ -7,6 +7,8 @@ the generated Triton kernels, which never read a value back to the host.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -117,21 +119,45 @@ def _folded_attention_fake(q_p, k_p, v_p, k_pre, v_pre, slot, count, scale, impl
 
 # --- packed linear -------------------------------------------------------------------------------
 
-# Below this many packed rows (N * B) a bf16 GEMM on the H200 reads its weights in less time than it
-# computes (~206 FLOP/byte ridge: one row is 2 FLOP per 2-byte weight), so the count-aware Triton GEMM
-# cannot win; cuBLAS runs every row instead. To be tuned from bench/kernels/bench_packed_linear.py.
-DENSE_LINEAR_BELOW_ROWS = 256
+# A bf16 GEMM with fewer rows than this reads its weights for longer than it computes (the H200's ridge
+# is ~184 FLOP/byte, i.e. ~184 rows), so computing fewer rows saves nothing: the cuBLAS part of a packed
+# linear never goes below it.
+DENSE_LINEAR_MIN_ROWS = 128
+DENSE_LINEAR_ROW_MULTIPLE = 64  # keeps the cuBLAS part on whole row tiles of the spill kernel
+
+
+def dense_rows(rows: int, dense_fraction: float) -> int:
+    """How many leading packed rows a packed linear hands to cuBLAS (a shape-only decision)."""
+    if dense_fraction >= 1.0:
+        return rows
+    step = DENSE_LINEAR_ROW_MULTIPLE
+    want = max(DENSE_LINEAR_MIN_ROWS, -(-math.ceil(dense_fraction * rows) // step) * step)
+    return min(rows, want)
+
 
 @torch.library.custom_op("specfold::packed_linear", mutates_args=())
-def packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None, count: Tensor, impl: str) -> Tensor:
-    """``F.linear`` on the first ``count`` packed rows; the work shrinks with the recompute ratio."""
+def packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None, count: Tensor, dense_fraction: float,
+                  impl: str) -> Tensor:
+    """``F.linear`` on the first ``count`` packed rows; the work shrinks with the recompute ratio.
+
+    Triton impl: the first ``dense_rows(R, dense_fraction)`` rows go to cuBLAS unconditionally (its
+    GEMMs are faster than ours, and the computed rows usually fit); the rest spill to the count-aware
+    Triton GEMM, whose row tiles past the device-side ``count`` exit at once. No host sync either way.
+    """
     if impl == "triton":
-        if x.shape[0] < DENSE_LINEAR_BELOW_ROWS:
-            # Too few rows to be compute-bound: reading the weights dominates, so skipping rows saves
-            # nothing and cuBLAS over every packed row is the faster way (the rows past ``count`` are
-            # don't-care). A shape-only decision: no host sync.
+        rows, k = x.shape[0], x.shape[-1]
+        head = dense_rows(rows, dense_fraction)
+        if head == rows:
             return torch.nn.functional.linear(x, weight, bias)
-        return _kernels().packed_linear(x, weight, bias, count)
+        x2 = x.reshape(rows, k)
+        y = x.new_empty((rows, weight.shape[0]))
+        if head:
+            if bias is None:
+                torch.mm(x2[:head], weight.t(), out=y[:head])
+            else:
+                torch.addmm(bias, x2[:head], weight.t(), out=y[:head])
+        _kernels().packed_linear(x2, weight, bias, count, row_start=head, out=y)
+        return y.view(tuple(x.shape[:-1]) + (weight.shape[0],))
     n_computed = int(count)  # the reference may read the count; the Triton path never does
     y = x.new_zeros(tuple(x.shape[:-1]) + (weight.shape[0],))
     y[:n_computed] = packed_linear_ref(x[:n_computed], weight, bias)
@@ -139,7 +165,7 @@ def packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None, count: Tensor,
 
 
 @packed_linear.register_fake
-def _packed_linear_fake(x, weight, bias, count, impl):
+def _packed_linear_fake(x, weight, bias, count, dense_fraction, impl):
     return x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],))
 
 

@@ -102,7 +102,10 @@ def specfold_backend(gm: GraphModule, example_inputs: list[Any], options: dict[s
     """torch.compile backend entry point (``backend="specfold"``)."""
     settings = SpecFoldSettings.from_options(options)
     gm = compile_graph(gm, settings)
-    if settings.inductor:
+    inductor = settings.inductor
+    if inductor is None:  # auto: Inductor fuses the elementwise work between the fold ops on the GPU
+        inductor = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
+    if inductor:
         from torch._inductor.compile_fx import compile_fx
 
         return compile_fx(gm, example_inputs)

@@ -31,8 +31,16 @@ class SpecFoldSettings:
     fold_head:            also gate the final norm and LM head (SPEC section 2 option): folded rows take
                           their origin's logits. Off by default.
     inductor:             lower the rewritten graph through Inductor (fuses the norms, RoPE and other
-                          elementwise work around the fold ops, which stay extern kernels). Off by
-                          default until its speed is measured on the GPU; needs a C++ compiler on CPU.
+                          elementwise work around the fold ops, which stay extern kernels). None (the
+                          default): on when the graph's inputs are on CUDA (0.6-0.7x the un-lowered
+                          latency on the H200, for 20-30 s more compile time), off on CPU (where it
+                          needs a C++ compiler and gains little).
+    dense_fraction:       packed linears (Triton kernels) hand their first max(128, dense_fraction * R)
+                          packed rows (a multiple of 64, at most R) to cuBLAS unconditionally; computed
+                          rows beyond that spill to the count-aware Triton GEMM, whose tiles past the
+                          device-side count exit at once. Set it a little above the recompute ratio you
+                          expect: 1.0 = cuBLAS on every row (no saving in the linears), 0.0 = all rows
+                          through the Triton GEMM. No effect with kernels="torch".
     """
 
     tau: float = 0.1
@@ -44,7 +52,8 @@ class SpecFoldSettings:
     pack: bool = True
     attention_correction: bool = True
     fold_head: bool = False
-    inductor: bool = False
+    inductor: bool | None = None
+    dense_fraction: float = 0.3
 
     def __post_init__(self) -> None:
         try:
@@ -58,9 +67,15 @@ class SpecFoldSettings:
             raise ValueError(f"options['gate']: expected one of {GATES}, got {self.gate!r}")
         if self.kernels not in KERNELS:
             raise ValueError(f"options['kernels']: expected one of {KERNELS}, got {self.kernels!r}")
-        for name in ("strict", "fold", "pack", "attention_correction", "fold_head", "inductor"):
+        for name in ("strict", "fold", "pack", "attention_correction", "fold_head"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"options[{name!r}]: expected a bool, got {getattr(self, name)!r}")
+        if self.inductor is not None and not isinstance(self.inductor, bool):
+            raise TypeError(f"options['inductor']: expected a bool or None (auto), got {self.inductor!r}")
+        frac = self.dense_fraction
+        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 <= frac <= 1.0:
+            raise ValueError(f"options['dense_fraction']: expected a number in [0, 1], got {frac!r}")
+        object.__setattr__(self, "dense_fraction", float(frac))
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None) -> "SpecFoldSettings":

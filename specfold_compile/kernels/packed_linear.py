@@ -1,8 +1,10 @@
 """Triton packed linear: a tiled GEMM over the packed (computed) rows, y = x @ W^T + b.
 
-The grid covers every row tile of the buffer (shape-only), and a program whose row tile starts at
-or beyond ``count`` (read on the device) exits at once: the work shrinks with the recompute ratio
-without the host reading ``count``. fp32 accumulation; on CUDA the tile sizes are autotuned.
+The grid covers every row tile of rows ``[row_start, R)`` (shape-only), and a program whose row tile
+starts at or beyond ``count`` (read on the device) exits at once: the work shrinks with the recompute
+ratio without the host reading ``count``. ``row_start`` and ``out`` let a caller compute the first rows
+another way (fold_ops hands them to cuBLAS) and spill only the rest here. fp32 accumulation; on CUDA
+the tile sizes are autotuned.
 """
 from __future__ import annotations
 
@@ -31,14 +33,14 @@ def _cuda_configs():
 @triton.jit
 def _packed_linear_body(
     x_ptr, w_ptr, b_ptr, y_ptr, count_ptr,
-    R, M, K, R_KEY,
+    R, M, K, R_KEY, ROW_START,
     stride_xr, stride_wm, stride_yr,
     HAS_BIAS: tl.constexpr, HAS_COUNT: tl.constexpr, PREC: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_r = tl.program_id(0)
     pid_n = tl.program_id(1)
-    r0 = pid_r * BLOCK_R
+    r0 = ROW_START + pid_r * BLOCK_R
     if HAS_COUNT:
         cnt = tl.load(count_ptr)
         if r0 >= cnt:
@@ -84,10 +86,11 @@ def _row_bucket(rows: int) -> int:
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  count: torch.Tensor | None) -> torch.Tensor:
+                  count: torch.Tensor | None, *, row_start: int = 0, out: torch.Tensor | None = None
+                  ) -> torch.Tensor:
     """x [..., K] (leading dims are rows; last dim contiguous), weight [M, K], bias [M] or None,
     count int64 0-d device tensor (None: all rows). Returns y [..., M] in x.dtype; rows >= count
-    are unspecified."""
+    are unspecified. Only rows >= ``row_start`` are written (into ``out`` [R, M] when given)."""
     lead = x.shape[:-1]
     K = x.shape[-1]
     M, Kw = weight.shape
@@ -98,18 +101,19 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
     R = x2.shape[0]
-    y = _common.empty((R, M), x.dtype, x.device)
-    if R == 0 or M == 0:
+    y = _common.empty((R, M), x.dtype, x.device) if out is None else out
+    assert y.shape == (R, M) and y.stride(-1) == 1 and 0 <= row_start <= R
+    if R == row_start or M == 0:
         return y.view(*lead, M)
     common = dict(HAS_BIAS=bias is not None, HAS_COUNT=count is not None, PREC=dot_precision(x.dtype))
     args = (x2, weight, bias if bias is not None else y, y, count if count is not None else y,
-            R, M, K, _row_bucket(R), x2.stride(0), weight.stride(0), y.stride(0))
+            R, M, K, _row_bucket(R - row_start), row_start, x2.stride(0), weight.stride(0), y.stride(0))
     if _packed_linear_kernel_tuned is not None:
-        grid = lambda meta: (triton.cdiv(R, meta["BLOCK_R"]), triton.cdiv(M, meta["BLOCK_N"]))
+        grid = lambda meta: (triton.cdiv(R - row_start, meta["BLOCK_R"]), triton.cdiv(M, meta["BLOCK_N"]))
         _packed_linear_kernel_tuned[grid](*args, **common)
     else:
         BR, BN, BK = 16, 32, 32
-        grid = (triton.cdiv(R, BR), triton.cdiv(M, BN))
+        grid = (triton.cdiv(R - row_start, BR), triton.cdiv(M, BN))
         _packed_linear_kernel[grid](*args, **common, BLOCK_R=BR, BLOCK_N=BN, BLOCK_K=BK, EVEN_K=K % BK == 0,
                                     num_warps=4)
     return y.view(*lead, M)

@@ -40,7 +40,8 @@ def lower_kernels(gm: GraphModule, settings: Any) -> GraphModule:
             x, weight = lin.args[0], lin.args[1]
             bias = lin.args[2] if len(lin.args) > 2 else lin.kwargs.get("bias")
             with graph.inserting_before(lin):
-                packed = graph.call_function(fold_ops.PACKED_LINEAR, (x, weight, bias, plan["count"], impl))
+                packed = graph.call_function(fold_ops.PACKED_LINEAR, (x, weight, bias, plan["count"],
+                                                                       settings.dense_fraction, impl))
             packed.meta.update(lin.meta)
             lin.replace_all_uses_with(packed)
             graph.erase_node(lin)

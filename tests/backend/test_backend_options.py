@@ -65,12 +65,20 @@ def test_unknown_option_lists_valid_ones(tiny):
     ({"tau": -0.1}, "tau"), ({"tau": float("nan")}, "tau"), ({"tau": -math.inf}, "tau"), ({"tau": "abc"}, "tau"),
     ({"tau": None}, "tau"), ({"tau": True}, "tau"), ({"gate": "mlp"}, "gate"), ({"gate": None}, "gate"), ({"kernels": "cuda"}, "kernels"),
     ({"strict": 1}, "strict"), ({"fold": "yes"}, "fold"), ({"pack": None}, "pack"),
-    ({"attention_correction": 0}, "attention_correction"),
+    ({"attention_correction": 0}, "attention_correction"), ({"inductor": "yes"}, "inductor"),
+    ({"dense_fraction": 1.5}, "dense_fraction"), ({"dense_fraction": -0.1}, "dense_fraction"),
+    ({"dense_fraction": "half"}, "dense_fraction"), ({"dense_fraction": True}, "dense_fraction"),
 ])
 def test_bad_option_values_name_the_option(options, name):
     with pytest.raises((ValueError, TypeError)) as info:
         SpecFoldSettings.from_options(options)
     assert f"options[{name!r}]" in str(info.value), str(info.value)
+
+
+def test_inductor_auto_and_dense_fraction_defaults():
+    s = SpecFoldSettings.from_options({})
+    assert s.inductor is None and s.dense_fraction == 0.3
+    assert SpecFoldSettings.from_options({"inductor": False, "dense_fraction": 1}).dense_fraction == 1.0
 
 
 def test_bad_option_through_torch_compile(tiny):

@@ -50,3 +50,44 @@ def test_packed_linear_skips_tiles_beyond_count():
     torch.testing.assert_close(y[:17], packed_linear_ref(x, w, None)[:17], **tol(torch.float32))
     if DEVICE == "cpu":  # row tiles of 16 under the interpreter: tiles from row 32 on never ran
         assert torch.isnan(y[32:]).all()
+
+
+@settings(deadline=None, max_examples=20)
+@given(R=st.integers(1, 40), K=st.integers(1, 40), M=st.integers(1, 40), bias=st.booleans(),
+       dense_fraction=st.sampled_from([0.0, 0.1, 0.3, 0.5, 1.0]), multiple=st.sampled_from([1, 4, 16]),
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1))
+def test_packed_linear_op_cublas_head_and_triton_spill(R, K, M, bias, dense_fraction, multiple, dtype, seed):
+    """fold_ops.packed_linear (Triton impl): cuBLAS on the first dense_rows(R) rows, the count-aware
+    kernel on the rest; every row below count must match the reference wherever the split falls."""
+    from unittest import mock
+
+    from specfold_compile import fold_ops
+
+    with mock.patch.object(fold_ops, "DENSE_LINEAR_MIN_ROWS", 0), \
+            mock.patch.object(fold_ops, "DENSE_LINEAR_ROW_MULTIPLE", multiple):
+        _check_packed_linear_op(fold_ops, R, K, M, bias, dense_fraction, multiple, dtype, seed)
+
+
+def _check_packed_linear_op(fold_ops, R, K, M, bias, dense_fraction, multiple, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = randn(R, 1, K, dtype=dtype, gen=gen)
+    w = randn(M, K, dtype=dtype, gen=gen, scale=K ** -0.5)
+    b = randn(M, dtype=dtype, gen=gen) if bias else None
+    c = int(torch.randint(0, R + 1, (1,), generator=gen))
+    y = fold_ops.packed_linear(x, w, b, torch.tensor(c, device=DEVICE), dense_fraction, "triton")
+    head = fold_ops.dense_rows(R, dense_fraction)
+    assert 0 <= head <= R and (head == R or head % multiple == 0)
+    assert y.shape == (R, 1, M) and y.dtype == dtype
+    ref = packed_linear_ref(x, w, b)
+    torch.testing.assert_close(y[:max(c, head)].float(), ref[:max(c, head)].float(), **tol(dtype))
+
+
+def test_dense_rows_rule():
+    from specfold_compile import fold_ops
+
+    assert fold_ops.dense_rows(160, 0.3) == 128          # never below DENSE_LINEAR_MIN_ROWS
+    assert fold_ops.dense_rows(544, 0.3) == 192          # 163.2 -> next multiple of 64
+    assert fold_ops.dense_rows(1056, 0.3) == 320
+    assert fold_ops.dense_rows(100, 0.3) == 100          # capped at the row count
+    assert fold_ops.dense_rows(544, 1.0) == 544
+    assert fold_ops.dense_rows(544, 0.0) == 128

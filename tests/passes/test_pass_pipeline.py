@@ -269,7 +269,7 @@ def test_lower_kernels_makes_packed_linears(run):
     assert linears(st.after) == L + 1
     for node in run.gm.graph.nodes:
         if node.target is PACKED_LINEAR:
-            assert node.args[4] == "torch"
+            assert node.args[4:] == (SpecFoldSettings().dense_fraction, "torch")
         if node.target is GATE:
             assert node.args[5] == "torch"
         if node.target is FOLDED:
