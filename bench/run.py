@@ -123,6 +123,10 @@ def suite_check(args) -> list[dict]:
             def backend(gm, example_inputs):  # specfold, keeping the rewritten graph to count its ops
                 gm = compile_graph(gm, SpecFoldSettings(tau=TAU, kernels=KERNELS))
                 rewritten.append(gm)
+                if DEVICE == "cuda":  # as specfold_backend does by default on CUDA
+                    from torch._inductor.compile_fx import compile_fx
+
+                    return compile_fx(gm, example_inputs)
                 return gm.forward
 
             ct = torch.compile(model, backend=backend)
@@ -346,46 +350,41 @@ class _CallRecorder:
         return [(n, 1.0 if n == 1 or not s.layers else s.recompute_ratio) for n, s in self.calls]
 
 
-def _latency_table(name: str, ns: list[int], deadline: Deadline) -> dict:
-    """dense(N) and specfold(N, ratio) latencies (ms, CUDA-graph replay) at a real shape, prefix 512."""
+def _latency_rows(name: str, ns: list[int], deadline: Deadline) -> list[dict]:
+    """per_check-style rows (dense and SpecFold at ~3 ratios) at a real shape, prefix 512, for the Ns
+    a decoding run used."""
     torch._dynamo.reset()
     model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
     folded = torch.compile(model, backend=specfold_backend, options={"tau": TAU, "kernels": KERNELS})
     cache = _prefix(model, 512, 1)
-    table: dict = {"dense": {}, "specfold": {}}
+    rows = []
     with torch.no_grad():
         for n_rows in ns:
             if deadline.left() < 15:
                 break
+            base = {"model": name, "prefix": 512, "n_branches": n_rows}
             tokens, parents = _inputs(model, n_rows, 4, n_rows)
-            table["dense"][n_rows] = time_cuda_graph(lambda: model.verify(tokens, parents, cache))[0]
+            rows.append({**base, "mode": "dense", "recompute_ratio": 1.0,
+                         "ms": time_cuda_graph(lambda: model.verify(tokens, parents, cache))[0]})
             if n_rows == 1:
                 continue
-            points = []
             for changed in CHANGED_FOR_RATIO.values():
                 tokens, parents = _inputs(model, n_rows, changed, 7 * n_rows + changed)
                 with collect_stats() as s:
                     folded(tokens, parents, cache)
-                points.append((s.recompute_ratio, time_cuda_graph(lambda: folded(tokens, parents, cache))[0]))
-            table["specfold"][n_rows] = sorted(points)
+                rows.append({**base, "mode": "specfold", "recompute_ratio": s.recompute_ratio,
+                             "ms": time_cuda_graph(lambda: folded(tokens, parents, cache))[0]})
     del model, folded, cache
     torch.cuda.empty_cache()
-    return table
-
-
-def _interp(points: list[tuple[float, float]], ratio: float) -> float:
-    if ratio <= points[0][0]:
-        return points[0][1]
-    for (r0, t0), (r1, t1) in zip(points, points[1:]):
-        if ratio <= r1:
-            return t0 + (t1 - t0) * (ratio - r0) / max(r1 - r0, 1e-9)
-    return points[-1][1]
+    return rows
 
 
 def suite_end_to_end(args) -> list[dict]:
     """Vanilla / Spiffy / SpecFold decoding of the trained model on the task suite (real accuracy and
     tokens/s on this GPU), plus tokens/s PROJECTED to the 1.5B/7B shapes by replaying every run's
-    verification calls (N, measured recompute ratio) through latencies measured in this run."""
+    verification calls (N, measured recompute ratio) through latencies measured in this run (or read
+    from a per_check JSON with --latencies; see bench/project.py)."""
+    from .project import SHAPES, project, table_from_per_check
     from pathlib import Path
 
     from specfold_compile.decoding import generate
@@ -398,7 +397,6 @@ def suite_end_to_end(args) -> list[dict]:
     graph = str(graph_file) if graph_file.is_file() else None
     folded = torch.compile(model, backend=specfold_backend, options={"tau": 0.1, "kernels": KERNELS})
     limit = min(args.limit, 10) if args.quick else args.limit
-    runs: dict = {}
     rows = []
     for task in TASKS:
         problems = sample(task, "test", limit, 0)
@@ -425,7 +423,6 @@ def suite_end_to_end(args) -> list[dict]:
                 accepted += sum(st.accepted for st in res.steps)
             acc = sum(score_many(problems, texts)) / len(problems)
             call_ratios = recorder.ratios()
-            runs[(task, mode)] = (tokens, nfe, call_ratios)
             ratio_draft = [r for n, r in call_ratios if n > 1]
             rows.append({"task": task, "mode": mode, "accuracy": acc, "n": len(problems), "tokens": tokens,
                          "nfe": nfe / len(problems), "tokens_per_s": tokens / wall, "warmup_s": warm_s,
@@ -433,24 +430,20 @@ def suite_end_to_end(args) -> list[dict]:
                          "recompute_ratio": (sum(ratio_draft) / len(ratio_draft)) if mode == "specfold"
                          and ratio_draft else None, "kind": f"measured (trained 3.8M model, {_device_name()})"})
             print(json.dumps(rows[-1]), flush=True)
-    ns = sorted({n for _, _, calls in runs.values() for n, _ in calls} | {1})
-    for shape in ("fast-dllm-v2-1.5b", "fast-dllm-v2-7b"):
-        if deadline.left() < 60:
-            break
-        table = _latency_table(shape, ns, deadline)
-        for (task, mode), (tokens, nfe, calls) in runs.items():
-            total = 0.0
-            for n, ratio in calls:
-                if n not in table["dense"]:
-                    total = float("nan")
-                    break
-                total += table["dense"][n] if mode != "specfold" or n == 1 else _interp(table["specfold"][n], ratio)
-            # prefill and block writes: one B-token forward each, taken as dense(N=1)
-            total += (nfe - len(calls)) * table["dense"][1]
-            rows.append({"task": task, "mode": mode, "shape": shape, "kind": "projected",
-                         "projected_tokens_per_s": tokens / (total / 1e3) if total == total else None,
-                         "projected_ms": total})
-            print(json.dumps(rows[-1]), flush=True)
+            rows[-1].update(forwards=nfe, calls=[(n, round(r, 4)) for n, r in call_ratios])
+    ns = sorted({n for r in rows for n, _ in r["calls"]} | {1})
+    latency_rows = json.loads(Path(args.latencies).read_text())["rows"] if args.latencies else []
+    for shape in SHAPES:
+        if not args.latencies:
+            if deadline.left() < 60:
+                break
+            latency_rows += _latency_rows(shape, ns, deadline)
+        table = table_from_per_check(latency_rows, shape, 512)
+        if table["dense"] and table["specfold"]:
+            rows += project(rows, table, shape)
+    for r in rows:
+        if r.get("kind") == "projected":
+            print(json.dumps(r), flush=True)
     return rows
 
 
@@ -480,6 +473,8 @@ def main(argv=None) -> int:
     ap.add_argument("--breakdown-modes", type=lambda v: tuple(v.split(",")), default=("specfold",),
                     help="breakdown: profile these of dense,specfold,specfold_no_inductor")
     ap.add_argument("--limit", type=int, default=30, help="problems per task (end_to_end)")
+    ap.add_argument("--latencies", default=None,
+                    help="end_to_end: project through this per_check JSON instead of measuring latencies")
     ap.add_argument("--draft-budget", type=int, default=16, help="Spiffy D* (end_to_end)")
     args = ap.parse_args(argv)
     if args.cpu_dry_run:

@@ -1,0 +1,40 @@
+import json
+
+import pytest
+
+from bench.project import call_ms, main, project, table_from_per_check
+
+
+def _per_check_rows():
+    rows = [{"model": "m", "prefix": 512, "n_branches": n, "mode": "dense", "recompute_ratio": 1.0, "ms": ms}
+            for n, ms in ((1, 2.0), (5, 4.0), (17, 10.0))]
+    rows += [{"model": "m", "prefix": 512, "n_branches": n, "mode": "specfold", "recompute_ratio": r, "ms": ms}
+             for n, r, ms in ((5, 0.1, 3.0), (5, 0.5, 5.0), (17, 0.1, 5.0), (17, 0.5, 9.0))]
+    rows.append({"model": "m", "prefix": 2048, "n_branches": 5, "mode": "dense", "ms": 99.0})
+    return rows
+
+
+def test_call_ms_interpolates_in_ratio_and_branches():
+    table = table_from_per_check(_per_check_rows(), "m", 512)
+    assert call_ms(table, 5, 0.3, folded=False) == 4.0
+    assert call_ms(table, 11, 1.0, folded=False) == pytest.approx(7.0)      # dense, between N=5 and 17
+    assert call_ms(table, 5, 0.3, folded=True) == pytest.approx(4.0)        # between ratios 0.1 and 0.5
+    assert call_ms(table, 17, 0.05, folded=True) == 5.0                     # clamped below the lowest ratio
+    assert call_ms(table, 3, 0.1, folded=True) == pytest.approx(2.5)        # between dense(1) and N=5
+    assert call_ms(table, 1, 0.2, folded=True) == 2.0                       # one branch: the dense forward
+    assert call_ms(table, 33, 0.1, folded=True) == 5.0                      # clamped beyond the largest N
+
+
+def test_project_sums_calls_and_other_forwards(tmp_path):
+    run = {"task": "t", "mode": "specfold", "accuracy": 1.0, "nfe": 4.0, "tokens": 30, "forwards": 4,
+           "calls": [(1, 1.0), (5, 0.1), (5, 0.5)], "kind": "measured"}
+    table = table_from_per_check(_per_check_rows(), "m", 512)
+    (row,) = project([run], table, "m")
+    assert row["kind"] == "projected" and row["projected_ms"] == pytest.approx(2.0 + 3.0 + 5.0 + 1 * 2.0)
+    assert row["projected_tokens_per_s"] == pytest.approx(30 / 0.012)
+    e2e, per_check = tmp_path / "e2e.json", tmp_path / "pc.json"
+    e2e.write_text(json.dumps({"rows": [run]}))
+    per_check.write_text(json.dumps({"rows": [{**r, "model": "fast-dllm-v2-1.5b"} for r in _per_check_rows()]}))
+    assert main([str(e2e), str(per_check)]) == 0
+    rows = json.loads(e2e.read_text())["rows"]
+    assert [r["kind"] for r in rows] == ["measured", "projected"] and rows[1]["projected_ms"] == pytest.approx(12.0)
