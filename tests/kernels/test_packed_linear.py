@@ -91,3 +91,20 @@ def test_dense_rows_rule():
     assert fold_ops.dense_rows(100, 0.3) == 100          # capped at the row count
     assert fold_ops.dense_rows(544, 1.0) == 544
     assert fold_ops.dense_rows(544, 0.0) == 128
+
+
+def test_autotune_hooks_time_real_work_and_restore_the_count():
+    """The autotuner's hooks give the timed runs a quarter of the covered rows to compute, then put
+    the caller's device-side count back (see _TuneWithWork)."""
+    from specfold_compile.kernels.packed_linear import _TuneWithWork
+
+    hooks = _TuneWithWork()
+    count = torch.tensor(3, dtype=torch.int64, device=DEVICE)
+    kwargs = {"count_ptr": count, "ROW_START": 128, "R": 544, "HAS_COUNT": True}
+    hooks.pre(kwargs)
+    assert int(count) == 128 + 104
+    hooks.post(kwargs)
+    assert int(count) == 3
+    hooks.pre(kwargs, reset_only=True)  # the autotuner's reset before the real launch: no change
+    hooks.pre({**kwargs, "HAS_COUNT": False})
+    assert int(count) == 3 and hooks.saved is None
