@@ -2,8 +2,9 @@
 
 Same convention as SPEC.md section 1 for Fast-dLLM v2: causal prefill of the prompt, whose last logits
 give the first block's seed (block position 0); each block of 32 is denoised sub-block by sub-block (8):
-one forward per step, commit every masked position of the current sub-block whose softmax confidence is
-above ``threshold`` plus always the most confident one; position p reads the logits computed at p - 1.
+one forward per step, commit by the package's rule (``decoding.commit``: every masked position of the
+current sub-block whose confidence is above ``threshold``, plus always the most confident one); position
+p reads the logits computed at p - 1. The tokens equal ``decoding.generate(mode="vanilla")`` (tested).
 A finished block is written with one more forward (attending to the prefix and, bidirectionally, to
 itself); its last logits seed the next block. Decoding stops after a block that contains eos. Every
 forward counts in NFE.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..decoding.commit import commit, confidence
 from .layout import CLEAN_T, NOISY_A, PAD_T, PROMPT_T, attention_mask
 
 
@@ -66,30 +68,21 @@ def _decode_batch(model, prompts, mask_id, eos_id, pad_id, block, sub_block, thr
                 blk[j, C:] = len(blocks[r])
         mask = attention_mask(typ, blk).to(device)
         logits = model.forward_sequence(ids.to(device), torch.arange(L, device=device), mask).float()
-        logits[..., mask_id] = float("-inf")  # never commit the mask token itself
-        seed = logits[:, C - 1].argmax(-1).tolist()
-        if any_noisy:
-            # distribution of block position q is read at layout index C + q - 1 (q >= 1)
-            probs = torch.softmax(logits[:, C - 1:C + block - 1], dim=-1)
-            conf, arg = probs.max(-1)
-            conf, arg = conf.tolist(), arg.tolist()
+        # the package's commit rule (decoding.commit); the distribution of block position q is read at
+        # layout index C + q - 1, and the seed of a block at C - 1
+        conf, tok = confidence(logits[:, C - 1:C + (block - 1 if any_noisy else 0)], mask_id)
+        conf, tok = conf.cpu(), tok.cpu()
         for j, r in enumerate(act):
             nfe[r] += 1
             if cur[r] is None:  # prefill or block write: read the seed of the next block
                 if blocks[r] and (eos_id in blocks[r][-1] or len(blocks[r]) >= max_blocks):
                     done[r] = True
                     continue
-                cur[r] = [seed[j]] + [mask_id] * (block - 1)
+                cur[r] = [int(tok[j, 0])] + [mask_id] * (block - 1)
                 continue
-            b = cur[r]
-            masked = [q for q in range(1, block) if b[q] == mask_id]
-            sb = masked[0] // sub_block
-            cand = [q for q in masked if q // sub_block == sb]
-            best = max(cand, key=lambda q: conf[j][q])
-            for q in cand:
-                if q == best or conf[j][q] > threshold:
-                    b[q] = arg[j][q]
-            if mask_id not in b[1:]:
-                blocks[r].append(b)
+            state = commit(torch.tensor(cur[r]), conf[j], tok[j], mask_id, sub_block, threshold)
+            cur[r] = state.tolist()
+            if mask_id not in cur[r]:
+                blocks[r].append(cur[r])
                 cur[r] = None
     return [[t for b in blocks[r] for t in b] for r in range(n)], nfe
