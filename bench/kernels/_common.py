@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -31,8 +30,11 @@ if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         except Exception as exc:  # pragma: no cover
             print(f"warning: interpreter bf16 patch not installed: {exc!r}", file=sys.stderr)
 
-HBM_BYTES_PER_S = 4.3e12     # measured H200 device copy
-BF16_FLOPS_PER_S = 790e12    # measured H200 bf16 matmul
+# one copy of the H200 ceilings and version info for every benchmark (bench/common.py)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from bench.common import COPY_BW as HBM_BYTES_PER_S  # noqa: E402
+from bench.common import MATMUL_FLOPS as BF16_FLOPS_PER_S  # noqa: E402
+from bench.common import versions  # noqa: E402
 
 MODELS = {
     # name: hidden, q heads, kv heads, head dim, ffn
@@ -113,9 +115,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None = No
 
 def emit(name: str, rows: list, args) -> dict:
     res = dict(benchmark=name, device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-               interpreted=interpreting(), torch=torch.__version__, triton=triton.__version__,
-               python=platform.python_version(),
-               quick=bool(args.quick), results=rows)
+               interpreted=interpreting(), **versions(), quick=bool(args.quick), results=rows)
     for r in rows:
         print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
     if args.out:
