@@ -23,3 +23,33 @@ def test_inductor_lowering_matches_reference_with_the_same_masks():
     assert s.layers and 0 < s.recompute_ratio < 1  # the folded graph ran and folded something
     ref, _ = folded_verify(model, tokens, parents, cache, 0.3, fold_masks=s.fold_masks)
     assert float((out - ref).norm() / ref.norm()) < 1e-5
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy scalar conversion inside the interpreter
+@pytest.mark.parametrize("extra", [{}, {"fold_head": True}, {"gate": "sublayer"}], ids=["default", "fold_head", "sublayer"])
+def test_gpu_default_path_triton_kernels_under_inductor(extra, monkeypatch):
+    """What backend="specfold" runs on CUDA by default: Triton kernels (interpreted here), Inductor
+    lowering, packed linears split between the dense GEMM head and the count-aware spill kernel."""
+    pytest.importorskip("torch._inductor")
+    from specfold_compile import fold_ops, kernels
+
+    if not kernels.triton_available():
+        pytest.skip("triton is not importable here (or neither CUDA nor TRITON_INTERPRET=1)")
+    monkeypatch.setattr(fold_ops, "DENSE_LINEAR_MIN_ROWS", 0)       # tiny shapes: put the split inside
+    monkeypatch.setattr(fold_ops, "DENSE_LINEAR_ROW_MULTIPLE", 4)   # the 4 x 16 packed rows
+    torch._dynamo.reset()
+    model = build("tiny-fast-dllm-v2", seed=5, num_layers=2)
+    cache = model.prefill(torch.arange(1, 9))
+    block = model.config.block_size
+    tokens = torch.randint(0, 90, (1, block), generator=torch.Generator().manual_seed(1)).repeat(4, 1)
+    for n in range(1, 4):
+        tokens[n, 3 * n] = 95
+    parents = torch.tensor([-1, 0, 1, 1])
+    options = {"tau": 0.3, "inductor": True, "kernels": "triton", "dense_fraction": 0.3, **extra}
+    compiled = torch.compile(model, backend="specfold", options=options)
+    with collect_stats() as s:
+        out = compiled(tokens, parents, cache)
+    assert s.layers and 0 < s.recompute_ratio < 1
+    ref, _ = folded_verify(model, tokens, parents, cache, 0.3, fold_masks=s.fold_masks,
+                           gate=extra.get("gate", "layer"), fold_head=extra.get("fold_head", False))
+    assert float((out - ref).norm() / ref.norm()) < 1e-5
