@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Every GPU result of the README, in parts that each fit one 10-minute device call:
+#   PYTHONPATH=. bash bench/gpu_session.sh PART      (results under $OUT/PART, or bench/results/PART)
+# then merge the per_check parts: python -m bench.plot bench/results/h200/per_check.json OUT/*/per_check.json
+# Budget note (H200): an Inductor compile of a real shape takes 30-70 s, and a new N or prefix recompiles once.
+set -euo pipefail
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|end_to_end|kernels}
+export OUT="${OUT:-bench/results}/$part"
+mkdir -p "$OUT"
+run() { python -m bench.run "$@" 2>&1 | tee -a "$OUT/log.txt"; }
+case "$part" in
+  check)          run --suite check
+                  run --suite breakdown --breakdown-modes dense,specfold,specfold_no_inductor --models fast-dllm-v2-1.5b,fast-dllm-v2-7b ;;
+  per_check_1.5b) run --suite per_check --models fast-dllm-v2-1.5b --budget 540 ;;
+  per_check_7b)   run --suite per_check --models fast-dllm-v2-7b --budget 540 ;;
+  per_check_nld)  run --suite per_check --models nld-3b --budget 400
+                  run --suite memory ;;
+  end_to_end)     run --suite end_to_end --limit 20 --draft-budget 16 --latencies bench/results/h200/per_check.json --budget 300 ;;
+  kernels)        for k in gate attention packed_linear; do
+                    python bench/kernels/bench_$k.py --out "$OUT/bench_$k.json" 2>&1 | tail -n 3 | tee -a "$OUT/log.txt"
+                  done
+                  python bench/kernels/check_all.py --out "$OUT/check_all.json" 2>&1 | tail -n 5 | tee -a "$OUT/log.txt" ;;
+  *) echo "unknown part: $part" >&2; exit 2 ;;
+esac
