@@ -264,14 +264,14 @@ def suite_memory(args) -> list[dict]:
 def _kernel_group(name: str) -> str:
     """Which part of the forward a CUDA kernel belongs to, from its name."""
     key = name.lower()
-    if "fold_flag" in key or "resolve" in key:
-        return "gate+origin+compaction"
+    if "fold_flag" in key:
+        return "gate"
+    if "resolve" in key:
+        return "origin+compaction"
     if "prefix_attn" in key:
         return "attention_prefix"
     if "block_attn" in key:
         return "attention_block_merge"
-    if "branch_attn" in key:
-        return "attention_dense"
     if "packed_linear" in key:
         return "packed_linears"
     if "index" in key or "gather" in key or "scatter" in key:
