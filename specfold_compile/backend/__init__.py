@@ -104,7 +104,10 @@ def specfold_backend(gm: GraphModule, example_inputs: list[Any], options: dict[s
     gm = compile_graph(gm, settings)
     inductor = settings.inductor
     if inductor is None:  # auto: Inductor fuses the elementwise work between the fold ops on the GPU
-        inductor = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
+        from .. import kernels  # (Inductor's GPU code is Triton too)
+
+        inductor = kernels.triton_available() and any(isinstance(t, torch.Tensor) and t.is_cuda
+                                                      for t in example_inputs)
     if inductor:
         from torch._inductor.compile_fx import compile_fx
 

@@ -32,9 +32,9 @@ class SpecFoldSettings:
                           their origin's logits. Off by default.
     inductor:             lower the rewritten graph through Inductor (fuses the norms, RoPE and other
                           elementwise work around the fold ops, which stay extern kernels). None (the
-                          default): on when the graph's inputs are on CUDA (0.6-0.7x the un-lowered
-                          latency on the H200, for 20-30 s more compile time), off on CPU (where it
-                          needs a C++ compiler and gains little).
+                          default): on when the graph's inputs are on CUDA and Triton imports (0.6-0.7x
+                          the un-lowered latency on the H200, for 20-45 s more compile time), off on
+                          CPU (where it needs a C++ compiler and gains little).
     dense_fraction:       packed linears (Triton kernels) hand their first max(128, dense_fraction * R)
                           packed rows (a multiple of 64, at most R) to cuBLAS unconditionally; computed
                           rows beyond that spill to the count-aware Triton GEMM, whose tiles past the
