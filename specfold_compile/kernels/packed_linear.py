@@ -21,7 +21,10 @@ def _cuda_configs():
     cfgs = []
     # Tried limiting BLOCK_R to <= 64 (so small `count` keeps more programs busy): better at 25% count,
     # worse at full count (7B gate_up 0.57 -> 0.71 ms); kept the wider set. Split-K is the next step.
+    # The narrow 16/32 x 32 tiles are for spills of a few rows over a long K (down_proj: M = 1536-3584,
+    # K = 8960-18944), where wider tiles leave most SMs idle; the autotuner keeps them only if faster.
     for bm, bn, bk, w, s in [
+        (16, 32, 128, 2, 4), (32, 32, 128, 4, 4), (16, 32, 256, 4, 3),
         (16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (32, 64, 128, 4, 4), (32, 128, 64, 4, 4),
         (64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3),
         (128, 256, 64, 8, 3), (64, 256, 64, 8, 3),
