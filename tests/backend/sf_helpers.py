@@ -140,6 +140,20 @@ def gates_per_call(model, options: dict) -> int:
     return len(model.layers) * (2 if options.get("gate", "layer") == "sublayer" else 1)
 
 
+def capture_graph(model, *args):
+    """The Dynamo graph of ``model(*args)`` (a fresh trace) and its example inputs, before any pass."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend)(*args)
+    assert len(graphs) == 1, "the verification forward must be one graph"
+    return graphs[0]
+
+
 def compile_run(model, tokens, parents, cache, reset: bool = True, **options):
     """Fresh ``torch.compile(model, backend="specfold", options=options)``, one call under collect_stats.
 

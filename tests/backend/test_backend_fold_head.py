@@ -7,6 +7,7 @@ import torch
 from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph
 from specfold_compile.models import build
 from specfold_compile.reference import folded_verify
+from sf_helpers import capture_graph
 
 
 def _rel(a, b):
@@ -50,15 +51,8 @@ def test_fold_head_properties(name, gate):
 
 def test_head_region_is_norm_and_head_only():
     model, cache, tokens, parents = _problem("tiny-fast-dllm-v2", seed=1)
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append(compile_graph(gm, SpecFoldSettings(tau=0.3, fold_head=True)))
-        return graphs[-1].forward
-
-    torch._dynamo.reset()
-    torch.compile(model, backend=capture)(tokens, parents, cache)
-    head = graphs[0].meta["specfold"].head
+    gm = compile_graph(capture_graph(model, tokens, parents, cache)[0], SpecFoldSettings(tau=0.3, fold_head=True))
+    head = gm.meta["specfold"].head
     # RMSNorm (8 ops) and the tied LM head; the logit shift (slices along positions) stays outside.
     assert len(head.nodes) == 9 and len(head.outputs) == 1
     assert "packed 9 head ops" in head.rewritten and len(head.packed_linears) == 1

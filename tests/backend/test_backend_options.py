@@ -12,7 +12,7 @@ import torch._dynamo
 import torch.nn.functional as F
 from torch import nn
 
-from sf_helpers import ModelSpec, assert_close, compile_run, make_cache, make_tree
+from sf_helpers import ModelSpec, assert_close, capture_graph, compile_run, make_cache, make_tree
 from specfold_compile import ops
 from specfold_compile.backend import SpecFoldError, SpecFoldSettings, collect_stats, compile_graph
 from specfold_compile.passes import PIPELINE, find_regions
@@ -194,19 +194,6 @@ def _verifier_inputs():
     return tokens, torch.tensor([-1, 0, 1]), torch.randn(2, 5, 8, generator=g), torch.randn(2, 5, 8, generator=g)
 
 
-def _capture(model, args):
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append((gm, example_inputs))
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(model, backend=backend)(*args)
-    assert len(graphs) == 1
-    return graphs[0]
-
-
 def _specfold_warnings(record):
     return [w for w in record if "specfold" in str(w.message)]
 
@@ -239,7 +226,7 @@ def test_prefill_path_runs_unchanged(tiny):
 def test_supported_hand_written_model_folds():
     model = TinyVerifier(None)
     args = _verifier_inputs()
-    gm, _ = _capture(model, args)
+    gm, _ = capture_graph(model, *args)
     analysis = find_regions(gm, SpecFoldSettings()).meta["specfold"]
     assert analysis.foldable and len(analysis.layers) == 2, analysis.blockers
     torch._dynamo.reset()
@@ -255,7 +242,7 @@ def test_supported_hand_written_model_folds():
 def test_unsupported_op_falls_back_with_one_warning(bad, op):
     model = TinyVerifier(bad)
     args = _verifier_inputs()
-    gm, _ = _capture(model, args)
+    gm, _ = capture_graph(model, *args)
     blockers = find_regions(gm, SpecFoldSettings()).meta["specfold"].blockers
     assert len(blockers) == 2 and {b.layer for b in blockers} == {0, 1}
     assert all(b.kind == "unsupported_op" and op in str(b) for b in blockers)
@@ -285,7 +272,7 @@ def test_unsupported_op_falls_back_with_one_warning(bad, op):
 
 def test_strict_error_from_compile_graph(tmp_path):
     model = TinyVerifier("cumsum")
-    gm, _ = _capture(model, _verifier_inputs())
+    gm, _ = capture_graph(model, *_verifier_inputs())
     with pytest.raises(SpecFoldError) as info:
         compile_graph(gm, SpecFoldSettings(strict=True, dump_dir=str(tmp_path)))
     assert len(info.value.blockers) == 2

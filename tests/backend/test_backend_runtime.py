@@ -6,8 +6,8 @@ import torch
 import torch._dynamo
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from sf_helpers import (CountingBackend, ModelSpec, assert_close, chain_lengths_of, compile_run, make_cache,
-                        make_tree, rel_err)
+from sf_helpers import (CountingBackend, ModelSpec, assert_close, capture_graph, chain_lengths_of, compile_run,
+                        make_cache, make_tree, rel_err)
 from specfold_compile import fold_ops
 from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph
 from specfold_compile.reference import folded_verify
@@ -88,14 +88,8 @@ def test_new_tau_never_stale(model_cache):
 def test_tau_is_one_graph_constant_read_by_every_gate(model_cache):
     model, cache = model_cache
     tokens, parents = make_tree(model, 3, "realistic", 2)
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append((gm, example_inputs))
-        return gm.forward
-
-    torch.compile(model, backend=capture)(tokens, parents, cache)
-    gm = compile_graph(graphs[0][0], SpecFoldSettings(tau=0.375))
+    gm, _ = capture_graph(model, tokens, parents, cache)
+    gm = compile_graph(gm, SpecFoldSettings(tau=0.375))
     taus = [n for n in gm.graph.nodes if n.target is torch.full]
     assert len(taus) == 1 and taus[0].args == ((), 0.375) and taus[0].kwargs["dtype"] == torch.float32
     gates = [n for n in gm.graph.nodes if n.target is fold_ops.FOLD_GATE]
@@ -200,14 +194,7 @@ def test_triton_kernels_match_torch_kernels_and_reference(dense_fraction, monkey
 def test_rewritten_graph_can_be_retraced(model_cache, tracing_mode):
     model, cache = model_cache
     tokens, parents = make_tree(model, 5, "realistic", 8)
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append((gm, example_inputs))
-        return gm.forward
-
-    torch.compile(model, backend=capture)(tokens, parents, cache)
-    gm, inputs = graphs[0]
+    gm, inputs = capture_graph(model, tokens, parents, cache)
     rewritten = compile_graph(gm, SpecFoldSettings(tau=0.3))
     with collect_stats() as s:
         expected = rewritten(*inputs)
@@ -232,14 +219,7 @@ def test_rewritten_graph_can_be_retraced(model_cache, tracing_mode):
 def test_rewritten_graph_through_aot_eager(model_cache):
     model, cache = model_cache
     tokens, parents = make_tree(model, 4, "realistic", 9)
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append((gm, example_inputs))
-        return gm.forward
-
-    torch.compile(model, backend=capture)(tokens, parents, cache)
-    gm, inputs = graphs[0]
+    gm, inputs = capture_graph(model, tokens, parents, cache)
     rewritten = compile_graph(gm, SpecFoldSettings(tau=0.3))
     expected = rewritten(*inputs)
     torch._dynamo.reset()

@@ -9,6 +9,7 @@ from torch import nn
 from specfold_compile import ops
 from specfold_compile.backend import SpecFoldSettings, collect_stats
 from specfold_compile.passes import find_regions
+from sf_helpers import capture_graph
 
 VARIANTS = {
     # name: (pre-attention transform of x [N, B, C], foldable)
@@ -53,15 +54,7 @@ def _inputs():
 
 
 def _analysis(model, args):
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(model, backend=capture)(*args)
-    return find_regions(graphs[0], SpecFoldSettings()).meta["specfold"]
+    return find_regions(capture_graph(model, *args)[0], SpecFoldSettings()).meta["specfold"]
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))

@@ -13,7 +13,7 @@ import torch
 import torch._dynamo
 import torch.nn.functional as F
 
-from sf_helpers import ModelSpec, assert_close, make_cache, make_tree
+from sf_helpers import ModelSpec, assert_close, capture_graph, make_cache, make_tree
 from specfold_compile import fold_ops, passes
 from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph
 from specfold_compile.passes import ops_table as T
@@ -98,19 +98,6 @@ class Run:
         return folded_verify(self.model, *self.inputs, TAU, fold_masks=masks, gate=self.settings.gate)[0]
 
 
-def capture(model, *args):
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append((gm, example_inputs))
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(model, backend=backend)(*args)
-    assert len(graphs) == 1, "the verification forward must be one graph"
-    return graphs[0]
-
-
 def snapshot(gm) -> dict:
     """The analysis (whose nodes later passes replace) as plain data."""
     a = gm.meta["specfold"]
@@ -146,7 +133,7 @@ def run_pipeline(family: str = "fast-dllm-v2", layers: int = 2, gate: str = "lay
     cache = make_cache(model, seed=3)
     tokens, parents = make_tree(model, 6, "realistic", 7)
     settings = SpecFoldSettings(tau=TAU, gate=gate, pack=pack, kernels=kernels)
-    gm, example_inputs = capture(model, tokens, parents, cache)
+    gm, example_inputs = capture_graph(model, tokens, parents, cache)
     stages = {}
     for name, fn in passes.PIPELINE:
         before, code_before = count(gm), gm.code
@@ -298,7 +285,7 @@ def test_attention_correction_off_keeps_branch_attention():
     model = ModelSpec(family="nld", layers=2, seed=4).build()
     cache = make_cache(model, seed=3)
     tokens, parents = make_tree(model, 5, "realistic", 2)
-    gm, inputs = capture(model, tokens, parents, cache)
+    gm, inputs = capture_graph(model, tokens, parents, cache)
     before = count(gm)
     gm = compile_graph(gm, SpecFoldSettings(tau=TAU, attention_correction=False))
     after = count(gm)
@@ -315,7 +302,7 @@ def test_fold_off_only_strips_the_marker():
     model = ModelSpec(family="fast-dllm-v2", layers=2, seed=4).build()
     cache = make_cache(model, seed=3)
     tokens, parents = make_tree(model, 3, "random", 2)
-    gm, inputs = capture(model, tokens, parents, cache)
+    gm, inputs = capture_graph(model, tokens, parents, cache)
     before = count(gm)
     gm = compile_graph(gm, SpecFoldSettings(tau=TAU, fold=False))
     assert diff(before, count(gm)) == {MARKER: -1}
@@ -325,7 +312,7 @@ def test_fold_off_only_strips_the_marker():
 def test_passes_leave_a_graph_without_marker_alone():
     lin = torch.nn.Linear(4, 4)
     x = torch.randn(2, 4)
-    gm, inputs = capture(lin, x)
+    gm, inputs = capture_graph(lin, x)
     code, before = gm.code, count(gm)
     settings = SpecFoldSettings(tau=TAU)
     for name, fn in passes.PIPELINE:
