@@ -150,6 +150,11 @@ def suite_check(args) -> list[dict]:
 
 def suite_per_check(args) -> list[dict]:
     rows: list[dict] = []
+
+    def add(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
     deadline = Deadline(args.budget)
     ns = args.ns or ((1, 5, 9, 17, 33) if not args.quick else (1, 5))
     prefixes = args.prefixes or ((512, 2048) if not args.quick else (512,))
@@ -175,8 +180,8 @@ def suite_per_check(args) -> list[dict]:
                 try:
                     with torch.no_grad():
                         ms, cg = time_cuda_graph(lambda: model.verify(tokens, parents, cache))
-                    rows.append({**base, "mode": "dense", "recompute_ratio": 1.0, "ms": ms, "cuda_graph": cg})
-                    rows.append({**base, "mode": "floor", "recompute_ratio": 1.0, "cuda_graph": False,
+                    add({**base, "mode": "dense", "recompute_ratio": 1.0, "ms": ms, "cuda_graph": cg})
+                    add({**base, "mode": "floor", "recompute_ratio": 1.0, "cuda_graph": False,
                                  "ms": floor_ms(cfg, n_rows, n_rows * cfg.block_size, prefix)})
                     if inductor is not None and prefix == 512 and n_rows > 1:  # N = 1 would compile again
                         try:
@@ -185,11 +190,11 @@ def suite_per_check(args) -> list[dict]:
                                 inductor(tokens, parents, cache)
                                 compile_s = time.monotonic() - t0
                                 ms, cg = time_cuda_graph(lambda: inductor(tokens, parents, cache))
-                            rows.append({**base, "mode": "dense_compiled", "recompute_ratio": 1.0, "ms": ms,
+                            add({**base, "mode": "dense_compiled", "recompute_ratio": 1.0, "ms": ms,
                                          "cuda_graph": cg, "first_call_s": compile_s})
                         except Exception as exc:  # record once, stop trying this model's dense compile
                             traceback.print_exc()
-                            rows.append({**base, "mode": "error", "what": "dense_compiled", "error": repr(exc)[:300]})
+                            add({**base, "mode": "error", "what": "dense_compiled", "error": repr(exc)[:300]})
                             inductor = None
                     if n_rows == 1:
                         continue
@@ -201,7 +206,7 @@ def suite_per_check(args) -> list[dict]:
                         first_call_s = {"specfold": time.monotonic() - t0}
                         ratio = s.recompute_ratio
                         computed = cfg.block_size + round(ratio * (n_rows - 1) * cfg.block_size)
-                        rows.append({**base, "mode": "floor", "recompute_ratio": ratio, "cuda_graph": False,
+                        add({**base, "mode": "floor", "recompute_ratio": ratio, "cuda_graph": False,
                                      "ms": floor_ms(cfg, n_rows, computed, prefix), "target_ratio": target})
                         for mode, fn in (("specfold", folded), ("specfold_no_inductor", folded_plain)):
                             if fn is None:
@@ -212,13 +217,11 @@ def suite_per_check(args) -> list[dict]:
                                     fn(tokens, parents, cache)
                                     first_call_s[mode] = time.monotonic() - t0
                                 ms, cg = time_cuda_graph(lambda: fn(tokens, parents, cache))
-                            rows.append({**base, "mode": mode, "recompute_ratio": ratio, "ms": ms, "cuda_graph": cg,
+                            add({**base, "mode": mode, "recompute_ratio": ratio, "ms": ms, "cuda_graph": cg,
                                          "target_ratio": target, "first_call_s": first_call_s[mode]})
-                            print(json.dumps(rows[-1]), flush=True)
                 except Exception as exc:  # keep measuring the rest; record why this one failed
                     traceback.print_exc()
-                    rows.append({**base, "mode": "error", "error": repr(exc)[:300]})
-                print(json.dumps(rows[-1]), flush=True)
+                    add({**base, "mode": "error", "error": repr(exc)[:300]})
             del cache
         del model, folded, folded_plain, inductor
         torch.cuda.empty_cache()
