@@ -1,14 +1,16 @@
 """GPU benchmark suites. ``PYTHONPATH=. python -m bench.run --suite NAME [--quick]``.
 
-Suites (each writes JSON under $OUT or bench/results/ and prints a table last):
-  check       SPEC P1/P4 of the compiled model at real shapes in bf16 (Triton kernels), and a CUDA-graph
-              capture of the folded forward replayed with new inputs and parents (no host sync).
+Suites (each writes JSON under $OUT or bench/results/ and prints every row as JSON as it is measured):
+  check       SPEC P1/P4 of the compiled model at real shapes in bf16 (Triton kernels), judged against an
+              fp32 copy, and a CUDA-graph capture of the folded forward replayed with new inputs and
+              parents (no host sync).
   per_check   latency of one verification forward vs branches: dense eager, dense under Inductor,
               SpecFold at recompute ratios ~0.1/0.25/0.5, and the floor.
   memory      peak memory of one verification forward, dense vs SpecFold (7B shape).
-  breakdown   time split of the folded forward by kernel family (torch.profiler), N = 17.
+  breakdown   time split of one forward by kernel family (torch.profiler), N = 17; --breakdown-modes.
   end_to_end  vanilla / Spiffy / SpecFold decoding of the trained model on the task suite: accuracy and
-              real tokens/s, plus tokens/s projected to the 1.5B/7B shapes from latencies measured here.
+              real tokens/s, plus tokens/s projected to the 1.5B/7B shapes from latencies measured here
+              (or read from a per_check JSON with --latencies; bench/project.py).
 """
 
 from __future__ import annotations
