@@ -5,13 +5,6 @@ starts at or beyond ``count`` (read on the device) exits at once: the work shrin
 ratio without the host reading ``count``. ``row_start`` and ``out`` let a caller compute the first rows
 another way (fold_ops hands them to cuBLAS) and spill only the rest here. fp32 accumulation; on CUDA
 the tile sizes are autotuned.
-
-Split-K: a spill of a few row tiles through a narrow weight (down_proj: M = 1536-3584, K = 8960-18944)
-has too few (row, column) tiles to keep the SMs busy, and each program would stream a long slice of
-the weight alone. ``SPLIT_K`` programs then share each output tile, each over its own K range; each
-writes an fp32 partial to a workspace and the last of them to arrive (a per-tile arrival counter,
-reset by that program) sums the partials in a fixed order, adds the bias and stores: deterministic,
-one launch, no memset.
 """
 from __future__ import annotations
 
@@ -42,11 +35,10 @@ def _cuda_configs():
 
 @triton.jit
 def _packed_linear_body(
-    x_ptr, w_ptr, b_ptr, y_ptr, count_ptr, part_ptr, arrivals_ptr,
+    x_ptr, w_ptr, b_ptr, y_ptr, count_ptr,
     R, M, K, R_KEY, ROW_START,
     stride_xr, stride_wm, stride_yr,
     HAS_BIAS: tl.constexpr, HAS_COUNT: tl.constexpr, PREC: tl.constexpr, EVEN_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_r = tl.program_id(0)
@@ -63,13 +55,9 @@ def _packed_linear_body(
     x_rows = x_ptr + rr.to(tl.int64)[:, None] * stride_xr
     w_rows = w_ptr + nn.to(tl.int64)[None, :] * stride_wm
     acc = tl.zeros([BLOCK_R, BLOCK_N], dtype=tl.float32)
-    # This program's K range: all of K, or the pid_k-th of SPLIT_K slices of whole BLOCK_K steps.
-    k_step = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    k_lo = tl.program_id(2) * k_step
-    k_hi = tl.minimum(k_lo + k_step, K)
     # Operands go from memory to tl.dot unconverted: a convert in between keeps Hopper's pipeliner from
     # feeding wgmma straight from shared memory (bf16 dots are exact under the test interpreter patch).
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         if EVEN_K:
             a = tl.load(x_rows + kk[None, :], mask=rmask[:, None], other=0.0)
@@ -79,21 +67,6 @@ def _packed_linear_body(
             a = tl.load(x_rows + kk[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
             w = tl.load(w_rows + kk[:, None], mask=kmask[:, None] & nmask[None, :], other=0.0)
         acc = tl.dot(a, w, acc, input_precision=PREC)
-    if SPLIT_K > 1:
-        # Publish this slice's partial, arrive; the last of the tile's SPLIT_K programs finishes it.
-        tile_r = (rr - ROW_START).to(tl.int64)[:, None] * M + nn[None, :]
-        slice_size = (R - ROW_START).to(tl.int64) * M
-        tile_mask = rmask[:, None] & nmask[None, :]
-        tl.store(part_ptr + tl.program_id(2) * slice_size + tile_r, acc, mask=tile_mask)
-        tl.debug_barrier()
-        tile_id = pid_r * tl.num_programs(1) + pid_n
-        arrived = tl.atomic_add(arrivals_ptr + tile_id, 1, sem="acq_rel")
-        if arrived != SPLIT_K - 1:
-            return
-        acc = tl.zeros([BLOCK_R, BLOCK_N], dtype=tl.float32)
-        for ks in range(SPLIT_K):  # fixed order: the sum does not depend on who arrived last
-            acc += tl.load(part_ptr + ks * slice_size + tile_r, mask=tile_mask, other=0.0, cache_modifier=".cg")
-        tl.atomic_xchg(arrivals_ptr + tile_id, 0)
     if HAS_BIAS:
         bias = tl.load(b_ptr + nn, mask=nmask, other=0.0).to(tl.float32)
         acc = acc + bias[None, :]
@@ -130,55 +103,10 @@ _packed_linear_kernel = _packed_linear_body
 if use_autotune():
     _tune_hooks = _TuneWithWork()
     _packed_linear_kernel_tuned = triton.autotune(
-        configs=_cuda_configs(), key=["R_KEY", "M", "K", "SPLIT_K"], pre_hook=_tune_hooks.pre, post_hook=_tune_hooks.post,
+        configs=_cuda_configs(), key=["R_KEY", "M", "K"], pre_hook=_tune_hooks.pre, post_hook=_tune_hooks.post,
     )(triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})(_packed_linear_body))
 else:
     _packed_linear_kernel_tuned = None
-
-
-# Split-K only where the (row, column) tiles of a few-row spill leave SMs idle: below this many column
-# tiles (of 128), aiming at about two programs per SM per row tile; each K slice keeps >= 512 of K, and
-# the fp32 partials of one call stay under SPLIT_K_WORKSPACE_BYTES.
-SPLIT_K_MAX = 8
-SPLIT_K_MIN_SLICE = 512
-SPLIT_K_WORKSPACE_BYTES = 64 << 20
-
-
-def auto_split_k(rows: int, M: int, K: int, device: torch.device) -> int:
-    """How many K slices share an output tile (1: no split), from shapes and the SM count only."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return 1
-    sms = _sm_count(device)
-    col_tiles = triton.cdiv(M, 128)
-    if col_tiles >= sms:
-        return 1
-    split = min(SPLIT_K_MAX, triton.cdiv(2 * sms, col_tiles), K // SPLIT_K_MIN_SLICE,
-                SPLIT_K_WORKSPACE_BYTES // max(1, rows * M * 4))
-    return max(1, split)
-
-
-_SMS: dict = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device not in _SMS:
-        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _SMS[device]
-
-
-_TILE_ARRIVALS: dict = {}
-
-
-def _tile_arrivals(device: torch.device, tiles: int) -> torch.Tensor:
-    """Zeroed int32 per-tile arrival counters, shared by all launches on ``device`` (each launch leaves
-    them at zero again); grown outside CUDA-graph capture only."""
-    buf = _TILE_ARRIVALS.get(device)
-    if buf is None or buf.numel() < tiles:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("packed_linear with split-K needs one call at this shape outside CUDA-graph "
-                               "capture first (it allocates zeroed tile counters); warm up before capturing")
-        buf = _TILE_ARRIVALS[device] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
-    return buf
 
 
 def _row_bucket(rows: int) -> int:
@@ -188,12 +116,11 @@ def _row_bucket(rows: int) -> int:
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  count: torch.Tensor | None, *, row_start: int = 0, out: torch.Tensor | None = None,
-                  split_k: int | None = None) -> torch.Tensor:
+                  count: torch.Tensor | None, *, row_start: int = 0, out: torch.Tensor | None = None
+                  ) -> torch.Tensor:
     """x [..., K] (leading dims are rows; last dim contiguous), weight [M, K], bias [M] or None,
     count int64 0-d device tensor (None: all rows). Returns y [..., M] in x.dtype; rows >= count
-    are unspecified. Only rows >= ``row_start`` are written (into ``out`` [R, M] when given).
-    ``split_k``: K slices per output tile (None: ``auto_split_k``)."""
+    are unspecified. Only rows >= ``row_start`` are written (into ``out`` [R, M] when given)."""
     lead = x.shape[:-1]
     K = x.shape[-1]
     M, Kw = weight.shape
@@ -208,25 +135,15 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     assert y.shape == (R, M) and y.stride(-1) == 1 and 0 <= row_start <= R
     if R == row_start or M == 0:
         return y.view(*lead, M)
-    spill = R - row_start
-    split = auto_split_k(spill, M, K, x.device) if split_k is None else int(split_k)
-    if split < 1:
-        raise ValueError(f"split_k must be >= 1, got {split_k}")
-    part = arrivals = y  # unused placeholders without split-K
-    if split > 1:
-        part = _common.empty((split, spill, M), torch.float32, x.device)
-        # counters for the finest tiling any config may pick (16-row x 32-column tiles)
-        arrivals = _tile_arrivals(x.device, triton.cdiv(spill, 16) * triton.cdiv(M, 32))
-    common = dict(HAS_BIAS=bias is not None, HAS_COUNT=count is not None, PREC=dot_precision(x.dtype),
-                  SPLIT_K=split)
-    args = (x2, weight, bias if bias is not None else y, y, count if count is not None else y, part, arrivals,
-            R, M, K, _row_bucket(spill), row_start, x2.stride(0), weight.stride(0), y.stride(0))
+    common = dict(HAS_BIAS=bias is not None, HAS_COUNT=count is not None, PREC=dot_precision(x.dtype))
+    args = (x2, weight, bias if bias is not None else y, y, count if count is not None else y,
+            R, M, K, _row_bucket(R - row_start), row_start, x2.stride(0), weight.stride(0), y.stride(0))
     if _packed_linear_kernel_tuned is not None:
-        grid = lambda meta: (triton.cdiv(spill, meta["BLOCK_R"]), triton.cdiv(M, meta["BLOCK_N"]), split)
+        grid = lambda meta: (triton.cdiv(R - row_start, meta["BLOCK_R"]), triton.cdiv(M, meta["BLOCK_N"]))
         _packed_linear_kernel_tuned[grid](*args, **common)
     else:
         BR, BN, BK = 16, 32, 32
-        grid = (triton.cdiv(spill, BR), triton.cdiv(M, BN), split)
+        grid = (triton.cdiv(R - row_start, BR), triton.cdiv(M, BN))
         _packed_linear_kernel[grid](*args, **common, BLOCK_R=BR, BLOCK_N=BN, BLOCK_K=BK, EVEN_K=K % BK == 0,
                                     num_warps=4)
     return y.view(*lead, M)

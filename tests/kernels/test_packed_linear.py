@@ -12,9 +12,9 @@ from .helpers import DEVICE, DTYPES, randn, tol  # noqa: E402
 @settings(deadline=None, max_examples=30)
 @given(R=st.integers(1, 40), K=st.integers(1, 70), M=st.integers(1, 70), bias=st.booleans(),
        three_d=st.booleans(), strided=st.booleans(),
-       count_mode=st.sampled_from(["none", "zero", "all", "mid"]), split_k=st.sampled_from([None, 1, 2, 3]),
+       count_mode=st.sampled_from(["none", "zero", "all", "mid"]),
        dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1))
-def test_packed_linear(R, K, M, bias, three_d, strided, count_mode, split_k, dtype, seed):
+def test_packed_linear(R, K, M, bias, three_d, strided, count_mode, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     if strided:
         x = randn(R, K + 5, dtype=dtype, gen=gen)[:, 3:K + 3]   # row stride K+5
@@ -26,7 +26,7 @@ def test_packed_linear(R, K, M, bias, three_d, strided, count_mode, split_k, dty
     b = randn(M, dtype=dtype, gen=gen) if bias else None
     c = {"none": R, "zero": 0, "all": R, "mid": int(torch.randint(1, R + 1, (1,), generator=gen))}[count_mode]
     count = None if count_mode == "none" else torch.tensor(c, dtype=torch.int64, device=DEVICE)
-    y = packed_linear(x, w, b, count, split_k=split_k)
+    y = packed_linear(x, w, b, count)
     ref = packed_linear_ref(x, w, b)
     assert y.dtype == dtype and y.shape == x.shape[:-1] + (M,)
     y2 = y.reshape(R, M)
@@ -108,37 +108,3 @@ def test_autotune_hooks_time_real_work_and_restore_the_count():
     hooks.pre(kwargs, reset_only=True)  # the autotuner's reset before the real launch: no change
     hooks.pre({**kwargs, "HAS_COUNT": False})
     assert int(count) == 3 and hooks.saved is None
-
-
-@settings(deadline=None, max_examples=15)
-@given(R=st.integers(2, 50), K=st.integers(1, 100), M=st.integers(1, 40), bias=st.booleans(),
-       split_k=st.integers(2, 5), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1))
-def test_packed_linear_split_k_spill(R, K, M, bias, split_k, dtype, seed):
-    """Split-K behind a head written elsewhere: rows [row_start, count) match the reference, rows below
-    row_start are untouched, a second call gives the same bits (fixed summation order, counters reset)."""
-    import sys
-
-    pl_mod = sys.modules["specfold_compile.kernels.packed_linear"]  # the package re-exports the function
-
-    gen = torch.Generator().manual_seed(seed)
-    x = randn(R, K, dtype=dtype, gen=gen)
-    w = randn(M, K, dtype=dtype, gen=gen, scale=K ** -0.5)
-    b = randn(M, dtype=dtype, gen=gen) if bias else None
-    row_start = int(torch.randint(0, R, (1,), generator=gen))
-    c = int(torch.randint(row_start, R + 1, (1,), generator=gen))
-    count = torch.tensor(c, dtype=torch.int64, device=DEVICE)
-    marker = torch.full((R, M), 7.0, dtype=dtype, device=DEVICE)
-    y1 = packed_linear(x, w, b, count, row_start=row_start, out=marker.clone(), split_k=split_k)
-    y2 = packed_linear(x, w, b, count, row_start=row_start, out=marker.clone(), split_k=split_k)
-    ref = packed_linear_ref(x, w, b)
-    torch.testing.assert_close(y1[row_start:c].float(), ref[row_start:c].float(), **tol(dtype))
-    assert torch.equal(y1[:row_start], marker[:row_start])
-    assert torch.equal(y1[row_start:c], y2[row_start:c])
-    counters = pl_mod._TILE_ARRIVALS.get(torch.device(DEVICE))
-    assert counters is not None and int(counters.abs().sum()) == 0  # every tile left its counter at 0
-
-
-def test_packed_linear_split_k_rejects_zero():
-    x = torch.ones(4, 8, device=DEVICE)
-    with pytest.raises(ValueError, match="split_k"):
-        packed_linear(x, torch.ones(3, 8, device=DEVICE), None, None, split_k=0)
