@@ -60,6 +60,7 @@ def parse_args(argv=None, desc=""):
     ap.add_argument("--out", default=None, help="write results as JSON here")
     ap.add_argument("--quick", action="store_true", help="tiny shapes (interpreter smoke run)")
     ap.add_argument("--models", default=None, help="comma-separated subset of models")
+    ap.add_argument("--ns", default=None, help="comma-separated branch counts (default: 5,9,17,33)")
     return ap.parse_args(argv)
 
 
@@ -70,7 +71,8 @@ def configs(args):
     models = MODELS
     if args.models:
         models = {k: MODELS[k] for k in args.models.split(",")}
-    return models, BLOCK, PREFIXES, NS
+    ns = [int(n) for n in args.ns.split(",")] if getattr(args, "ns", None) else NS
+    return models, BLOCK, PREFIXES, ns
 
 
 def bench(fn, quick=False) -> float:
