@@ -5,8 +5,8 @@ One launch (``_fold_gate_kernel``), its grid depends on shapes only:
      row-minus-parent difference and of the parent row, chunked over C;
   2. the last program to finish (an arrival counter; see ``_common.arrival_counter``) resolves the
      whole [N, B] fold tile (``_resolve_tile``): compaction positions with ``tl.cumsum``
-     (deterministic); origins and slots as maxima over each row's ancestors (an ancestor matrix
-     closed by ceil(log2(N - 1)) squarings in registers), so one memory round trip in all.
+     (deterministic), origins by pointer jumping (ceil(log2(N - 1)) rounds instead of a walk over N
+     rows), slots by one gather.
 Two launches cost more than the work at the real shapes (a few us each inside a CUDA graph), hence
 one. ``resolve_folds`` runs step 2 alone on a given mask (``_resolve_kernel``).
 """
@@ -55,7 +55,7 @@ def _fold_flags_block(
 def _resolve_tile(
     fold_ptr, parents_ptr, origin_ptr, rows_ptr, count_ptr, slot_ptr,
     N, B,
-    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, JUMPS: tl.constexpr, CHUNK_B: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, JUMPS: tl.constexpr,
 ):
     rn = tl.arange(0, BLOCK_N)
     rb = tl.arange(0, BLOCK_B)
@@ -72,49 +72,41 @@ def _resolve_tile(
     row_excl = tl.cumsum(row_tot, axis=0) - row_tot
     pos = row_excl[:, None] + in_row - 1                        # valid where computed
     count = tl.sum(row_tot, axis=0)
+
+    # Origin by pointer jumping: link = the same position of the parent row where folded, else itself
+    # (computed rows are fixed points). After j rounds link is 2^j steps up the fold chain, so
+    # JUMPS = ceil(log2(N - 1)) rounds reach the computed end of any chain. Registers cannot be
+    # gathered, so each round goes through origin_ptr; the barriers make one round's stores visible to
+    # every thread of this single program before the next round's loads (and keep loads before stores).
+    par = tl.load(parents_ptr + rn, mask=(rn >= 1) & (rn < N), other=0).to(tl.int32)
+    link = tl.where(fold, par[:, None] * B + rb[None, :], flat)
+    for _ in tl.static_range(JUMPS):
+        tl.store(origin_ptr + flat, link.to(tl.int64), mask=valid)
+        tl.debug_barrier()
+        link = tl.load(origin_ptr + link, mask=valid, other=0, cache_modifier=".cg").to(tl.int32)
+        tl.debug_barrier()
+    tl.store(origin_ptr + flat, link.to(tl.int64), mask=valid)
+    # slot = compaction position of the origin (always a computed row): publish the computed rows'
+    # positions, then gather them through the origin map.
+    tl.store(slot_ptr + flat, pos.to(tl.int64), mask=computed)
+    tl.debug_barrier()
+    slot = tl.load(slot_ptr + link, mask=valid, other=0, cache_modifier=".cg")
+    tl.debug_barrier()
+    tl.store(slot_ptr + flat, slot, mask=valid)
     # compaction: scatter computed flat indices to their positions; zero the tail [count, N*B)
     tl.store(rows_ptr + pos, flat.to(tl.int64), mask=computed)
     tl.store(rows_ptr + flat, tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.int64), mask=valid & (flat >= count))
     tl.store(count_ptr, count.to(tl.int64))
-    # Publish every row's position (-1: folded) for the per-lane lookups below, which need it as
-    # [m, lanes] tiles (registers cannot be indexed); slot_ptr is overwritten lane chunk by lane chunk.
-    tl.store(slot_ptr + flat, tl.where(computed, pos, -1).to(tl.int64), mask=valid)
-
-    # Origin without walking chains. Rows are in topological order, so walking up from row n meets
-    # ancestors of decreasing index, and the first computed one is the computed ancestor-or-self of
-    # largest index: origin(n, b) = max{m : anc[n, m] and computed(m, b)}. Its slot is the max of
-    # pos(m, b) over the same m, since pos grows with m within a lane. anc (ancestor-or-self, [N, N])
-    # is the closure of I + parent edges by JUMPS = ceil(log2(N - 1)) boolean squarings (tl.dot), all
-    # in registers: one memory round trip in all instead of one per pointer-jumping round.
-    rm = tl.arange(0, BLOCK_N)
-    par = tl.load(parents_ptr + rn, mask=(rn >= 1) & (rn < N), other=-1)
-    anc = ((rn[:, None] == rm[None, :]) | (par[:, None] == rm[None, :])).to(tl.float32)
-    for _ in tl.static_range(JUMPS):
-        anc = tl.minimum(tl.dot(anc, anc, input_precision="ieee"), 1.0)
-    is_anc = anc > 0.5
-    tl.debug_barrier()                                          # positions published
-    for c0 in tl.static_range(0, BLOCK_B, CHUNK_B):
-        rc = c0 + tl.arange(0, CHUNK_B)
-        lanes = (rm[:, None] < N) & (rc[None, :] < B)
-        pos_m = tl.load(slot_ptr + rm[:, None] * B + rc[None, :], mask=lanes, other=-1,
-                        cache_modifier=".cg")                   # [m, lanes]
-        cand = is_anc[:, :, None] & (pos_m[None, :, :] >= 0)    # [n, m, lanes]
-        org = tl.max(tl.where(cand, rm[None, :, None], -1), axis=1)
-        slot = tl.max(tl.where(cand, pos_m[None, :, :], -1), axis=1)
-        tl.debug_barrier()                                      # every lane chunk read before it is rewritten
-        out = (rn[:, None] < N) & (rc[None, :] < B)
-        tl.store(origin_ptr + rn[:, None] * B + rc[None, :], (org * B + rc[None, :]).to(tl.int64), mask=out)
-        tl.store(slot_ptr + rn[:, None] * B + rc[None, :], slot, mask=out)
 
 
 @triton.jit
 def _resolve_kernel(
     fold_ptr, parents_ptr, origin_ptr, rows_ptr, count_ptr, slot_ptr,
     N, B,
-    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, JUMPS: tl.constexpr, CHUNK_B: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, JUMPS: tl.constexpr,
 ):
     _resolve_tile(fold_ptr, parents_ptr, origin_ptr, rows_ptr, count_ptr, slot_ptr, N, B,
-                  BLOCK_N, BLOCK_B, JUMPS, CHUNK_B)
+                  BLOCK_N, BLOCK_B, JUMPS)
 
 
 @triton.jit
@@ -123,7 +115,7 @@ def _fold_gate_kernel(
     N, B, C,
     stride_hn, stride_hb,
     BLOCK_ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, JUMPS: tl.constexpr, CHUNK_B: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, JUMPS: tl.constexpr,
 ):
     _fold_flags_block(tl.program_id(0), h_ptr, parents_ptr, tau_ptr, fold_ptr, N * B, B, C,
                       stride_hn, stride_hb, BLOCK_ROWS, BLOCK_C)
@@ -133,16 +125,13 @@ def _fold_gate_kernel(
     arrived = tl.atomic_add(arrivals_ptr, 1, sem="acq_rel")
     if arrived == tl.num_programs(0) - 1:
         _resolve_tile(fold_ptr, parents_ptr, origin_ptr, rows_ptr, count_ptr, slot_ptr, N, B,
-                      BLOCK_N, BLOCK_B, JUMPS, CHUNK_B)
+                      BLOCK_N, BLOCK_B, JUMPS)
         tl.atomic_xchg(arrivals_ptr, 0)  # ready for the next launch (all programs have arrived)
 
 
 def _tile_meta(N: int, B: int) -> dict:
-    block_n = max(triton.next_power_of_2(max(N, 1)), 16)  # tl.dot needs >= 16
-    block_b = max(triton.next_power_of_2(max(B, 1)), 2)
-    # [n, m, lanes] candidate tiles of at most 8192 elements (about 64 registers a thread at 4 warps)
-    chunk_b = max(1, min(block_b, 8192 // (block_n * block_n)))
-    return dict(BLOCK_N=block_n, BLOCK_B=block_b, CHUNK_B=chunk_b,
+    return dict(BLOCK_N=max(triton.next_power_of_2(max(N, 1)), 2),
+                BLOCK_B=max(triton.next_power_of_2(max(B, 1)), 2),
                 JUMPS=max(N - 2, 0).bit_length())  # ceil(log2(N - 1)): the longest chain has N - 1 links
 
 
