@@ -269,9 +269,7 @@ def suite_memory(args) -> list[dict]:
 def _kernel_group(name: str) -> str:
     """Which part of the forward a CUDA kernel belongs to, from its name."""
     key = name.lower()
-    if "fold_gate" in key:  # flags, origin resolution and compaction in one launch
-        return "gate+origin+compaction"
-    if "fold_flag" in key:  # the two-launch gate of earlier versions (older breakdown JSONs)
+    if "fold_flag" in key:
         return "gate"
     if "resolve" in key:
         return "origin+compaction"

@@ -4,7 +4,6 @@ from bench.run import _kernel_group
 
 
 @pytest.mark.parametrize("name, group", [
-    ("_fold_gate_kernel", "gate+origin+compaction"),
     ("_fold_flag_kernel", "gate"),
     ("_resolve_kernel", "origin+compaction"),
     ("_prefix_attn_kernel", "attention_prefix"),
