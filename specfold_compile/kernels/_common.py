@@ -12,26 +12,6 @@ def empty(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-_ARRIVAL_COUNTERS: dict = {}
-
-
-def arrival_counter(device: torch.device) -> torch.Tensor:
-    """An int32 on ``device`` for the "last program to arrive finishes the job" pattern.
-
-    A kernel's programs each ``atomic_add`` it once; the one that reads ``num_programs - 1`` does the
-    final step and resets it to 0, so one zeroed buffer serves every launch with no memset launch.
-    Launches that use it must not run concurrently (they run in stream order in a forward).
-    """
-    device = torch.device(device)
-    counter = _ARRIVAL_COUNTERS.get(device)
-    if counter is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("the Triton fold gate needs one call outside CUDA-graph capture first "
-                               "(it allocates a zeroed arrival counter); warm up before capturing")
-        counter = _ARRIVAL_COUNTERS[device] = torch.zeros((), dtype=torch.int32, device=device)
-    return counter
-
-
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 

@@ -1,14 +1,11 @@
 """Triton fold gate: fold flags, origin resolution and compaction, without host synchronisation.
 
-One launch (``_fold_gate_kernel``), its grid depends on shapes only:
-  1. every program computes the fold flags of BLOCK_ROWS rows (n, b): fp32 sums of squares of the
-     row-minus-parent difference and of the parent row, chunked over C;
-  2. the last program to finish (an arrival counter; see ``_common.arrival_counter``) resolves the
-     whole [N, B] fold tile (``_resolve_tile``): compaction positions with ``tl.cumsum``
-     (deterministic), origins by pointer jumping (ceil(log2(N - 1)) rounds instead of a walk over N
-     rows), slots by one gather.
-Two launches cost more than the work at the real shapes (a few us each inside a CUDA graph), hence
-one. ``resolve_folds`` runs step 2 alone on a given mask (``_resolve_kernel``).
+Two launches, grids depend on shapes only:
+  1. ``_fold_flag_kernel``: one program per BLOCK_ROWS rows (n, b); fp32 sums of squares of the
+     row-minus-parent difference and of the parent row, chunked over C.
+  2. ``_resolve_kernel``: a single program; holds the [N, B] fold tile in registers, computes the
+     compaction positions with ``tl.cumsum`` (deterministic), then resolves origins by pointer
+     jumping (ceil(log2(N - 1)) rounds instead of a walk over N rows) and slots by one gather.
 """
 from __future__ import annotations
 
@@ -20,12 +17,13 @@ from . import _common
 
 
 @triton.jit
-def _fold_flags_block(
-    pid, h_ptr, parents_ptr, tau_ptr, fold_ptr,
+def _fold_flag_kernel(
+    h_ptr, parents_ptr, tau_ptr, fold_ptr,
     NB, B, C,
     stride_hn, stride_hb,
     BLOCK_ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
+    pid = tl.program_id(0)
     flat = pid * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     valid = flat < NB
     n = flat // B
@@ -52,7 +50,7 @@ def _fold_flags_block(
 
 
 @triton.jit
-def _resolve_tile(
+def _resolve_kernel(
     fold_ptr, parents_ptr, origin_ptr, rows_ptr, count_ptr, slot_ptr,
     N, B,
     BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, JUMPS: tl.constexpr,
@@ -61,8 +59,7 @@ def _resolve_tile(
     rb = tl.arange(0, BLOCK_B)
     valid = (rn[:, None] < N) & (rb[None, :] < B)
     flat = rn[:, None] * B + rb[None, :]                       # int32 flat index n*B+b
-    # .cg: the flags may have been written by other programs of this launch (read them from L2)
-    fold = tl.load(fold_ptr + flat, mask=valid, other=0, cache_modifier=".cg") != 0
+    fold = tl.load(fold_ptr + flat, mask=valid, other=0) != 0
     fold = fold & (rn[:, None] >= 1)
     computed = valid & (fold == 0)
     ci = computed.to(tl.int32)
@@ -99,45 +96,22 @@ def _resolve_tile(
     tl.store(count_ptr, count.to(tl.int64))
 
 
-@triton.jit
-def _resolve_kernel(
-    fold_ptr, parents_ptr, origin_ptr, rows_ptr, count_ptr, slot_ptr,
-    N, B,
-    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, JUMPS: tl.constexpr,
-):
-    _resolve_tile(fold_ptr, parents_ptr, origin_ptr, rows_ptr, count_ptr, slot_ptr, N, B,
-                  BLOCK_N, BLOCK_B, JUMPS)
-
-
-@triton.jit
-def _fold_gate_kernel(
-    h_ptr, parents_ptr, tau_ptr, fold_ptr, origin_ptr, rows_ptr, count_ptr, slot_ptr, arrivals_ptr,
-    N, B, C,
-    stride_hn, stride_hb,
-    BLOCK_ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, JUMPS: tl.constexpr,
-):
-    _fold_flags_block(tl.program_id(0), h_ptr, parents_ptr, tau_ptr, fold_ptr, N * B, B, C,
-                      stride_hn, stride_hb, BLOCK_ROWS, BLOCK_C)
-    # Every thread's flag stores are issued before this program arrives (barrier), and the arrival is
-    # a release/acquire atomic at GPU scope: the program that arrives last sees every program's flags.
-    tl.debug_barrier()
-    arrived = tl.atomic_add(arrivals_ptr, 1, sem="acq_rel")
-    if arrived == tl.num_programs(0) - 1:
-        _resolve_tile(fold_ptr, parents_ptr, origin_ptr, rows_ptr, count_ptr, slot_ptr, N, B,
-                      BLOCK_N, BLOCK_B, JUMPS)
-        tl.atomic_xchg(arrivals_ptr, 0)  # ready for the next launch (all programs have arrived)
-
-
-def _tile_meta(N: int, B: int) -> dict:
-    return dict(BLOCK_N=max(triton.next_power_of_2(max(N, 1)), 2),
-                BLOCK_B=max(triton.next_power_of_2(max(B, 1)), 2),
-                JUMPS=max(N - 2, 0).bit_length())  # ceil(log2(N - 1)): the longest chain has N - 1 links
-
-
-def _gate_outputs(N: int, B: int, dev):
-    return (_common.empty((N, B), torch.int64, dev), _common.empty((N * B), torch.int64, dev),
-            _common.empty((()), torch.int64, dev), _common.empty((N, B), torch.int64, dev))
+def _fold_flags(h: torch.Tensor, parents: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    N, B, C = h.shape
+    if h.stride(-1) != 1:
+        h = h.contiguous()
+    fold = _common.empty((N, B), torch.int8, h.device)
+    NB = N * B
+    if NB == 0:
+        return fold.view(torch.bool)
+    BLOCK_C = min(triton.next_power_of_2(max(C, 1)), 1024)
+    BLOCK_ROWS = 4 if BLOCK_C >= 512 else 16
+    grid = (triton.cdiv(NB, BLOCK_ROWS),)
+    _fold_flag_kernel[grid](
+        h, parents, tau, fold, NB, B, C, h.stride(0), h.stride(1),
+        BLOCK_ROWS=BLOCK_ROWS, BLOCK_C=BLOCK_C,
+    )
+    return fold.view(torch.bool)
 
 
 def resolve_folds(fold: torch.Tensor, parents: torch.Tensor):
@@ -146,10 +120,20 @@ def resolve_folds(fold: torch.Tensor, parents: torch.Tensor):
     Returns (origin [N,B] int64, rows [N*B] int64, count 0-d int64, slot [N,B] int64).
     """
     N, B = fold.shape
+    dev = fold.device
     fold_i8 = fold.contiguous().view(torch.int8) if fold.dtype == torch.bool else fold.to(torch.int8).contiguous()
-    origin, rows, count, slot = _gate_outputs(N, B, fold.device)
-    _resolve_kernel[(1,)](fold_i8, parents.contiguous(), origin, rows, count, slot, N, B,
-                          **_tile_meta(N, B), num_warps=4)
+    origin = _common.empty((N, B), torch.int64, dev)
+    slot = _common.empty((N, B), torch.int64, dev)
+    rows = _common.empty((N * B), torch.int64, dev)
+    count = _common.empty((()), torch.int64, dev)
+    parents = parents.contiguous()
+    BLOCK_N = max(triton.next_power_of_2(max(N, 1)), 2)
+    BLOCK_B = max(triton.next_power_of_2(max(B, 1)), 2)
+    jumps = max(N - 2, 0).bit_length()  # ceil(log2(N - 1)): the longest fold chain has N - 1 links
+    _resolve_kernel[(1,)](
+        fold_i8, parents, origin, rows, count, slot, N, B,
+        BLOCK_N=BLOCK_N, BLOCK_B=BLOCK_B, JUMPS=jumps, num_warps=4,
+    )
     return origin, rows, count, slot
 
 
@@ -162,20 +146,6 @@ def fold_gate(h: torch.Tensor, parents: torch.Tensor, tau: torch.Tensor):
     assert h.dim() == 3, "h must be [N, B, C]"
     parents = parents.to(device=h.device, dtype=torch.int64).contiguous()
     tau = tau.to(device=h.device, dtype=torch.float32)
-    N, B, C = h.shape
-    if h.stride(-1) != 1:
-        h = h.contiguous()
-    fold = _common.empty((N, B), torch.int8, h.device)
-    origin, rows, count, slot = _gate_outputs(N, B, h.device)
-    if N * B == 0:
-        count.zero_()
-        return fold.view(torch.bool), origin, rows, count, slot
-    BLOCK_C = min(triton.next_power_of_2(max(C, 1)), 1024)
-    BLOCK_ROWS = 4 if BLOCK_C >= 512 else 16
-    grid = (triton.cdiv(N * B, BLOCK_ROWS),)
-    _fold_gate_kernel[grid](
-        h, parents, tau, fold, origin, rows, count, slot, _common.arrival_counter(h.device),
-        N, B, C, h.stride(0), h.stride(1),
-        BLOCK_ROWS=BLOCK_ROWS, BLOCK_C=BLOCK_C, **_tile_meta(N, B), num_warps=4,
-    )
-    return fold.view(torch.bool), origin, rows, count, slot
+    fold = _fold_flags(h, parents, tau)
+    origin, rows, count, slot = resolve_folds(fold, parents)
+    return fold, origin, rows, count, slot
