@@ -2,7 +2,8 @@
 
 ``python -m bench.plot bench/results/h200/per_check.json`` writes ``per_check.png`` next to it;
 ``python -m bench.plot OUT.json IN1.json IN2.json ...`` first merges the rows of several runs (e.g. one
-device call per model) into OUT.json.
+device call per model) into OUT.json; a later run's row replaces an earlier row of the same point
+(model, prefix, N, mode, target ratio), so OUT.json may also be one of the inputs.
 """
 
 from __future__ import annotations
@@ -52,12 +53,25 @@ def plot_per_check(path: str | Path) -> Path:
     return out
 
 
+def _point(row: dict) -> tuple:
+    """What a per_check row measured (a re-measurement of the same point replaces it)."""
+    return tuple(row.get(k) for k in ("model", "prefix", "n_branches", "mode", "target_ratio", "what"))
+
+
 def merge_results(out: str | Path, inputs: list[str | Path]) -> Path:
-    """One JSON from several runs of the same suite: rows concatenated, each run's header kept."""
+    """One JSON from several runs of the same suite: rows in input order, a later run's row replacing an
+    earlier one of the same point; every run's header kept (a merged input's own run list is kept)."""
     runs = [json.loads(Path(p).read_text()) for p in inputs]
-    merged = {"versions": runs[0].get("versions"), "suite": runs[0].get("suite"),
-              "runs": [{k: v for k, v in run.items() if k != "rows"} for run in runs],
-              "rows": [row for run in runs for row in run["rows"]]}
+    rows: dict[tuple, dict] = {}
+    for run in runs:
+        for row in run["rows"]:
+            rows.pop(_point(row), None)  # re-insert: the newest measurement, in its run's order
+            rows[_point(row)] = row
+    headers = []
+    for run in runs:
+        headers += run.get("runs") or [{k: v for k, v in run.items() if k != "rows"}]
+    merged = {"versions": runs[0].get("versions"), "suite": runs[0].get("suite"), "runs": headers,
+              "rows": list(rows.values())}
     Path(out).write_text(json.dumps(merged, indent=1) + "\n")
     return Path(out)
 

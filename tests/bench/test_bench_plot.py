@@ -1,6 +1,6 @@
 import json
 
-from bench.plot import plot_per_check
+from bench.plot import merge_results, plot_per_check
 
 
 def test_per_check_plot_writes_png(tmp_path):
@@ -13,3 +13,25 @@ def test_per_check_plot_writes_png(tmp_path):
     path.write_text(json.dumps({"rows": rows}))
     out = plot_per_check(path)
     assert out.exists() and out.stat().st_size > 1000
+
+
+def test_merge_later_runs_replace_the_same_point(tmp_path):
+    def run(path, rows, seconds):
+        path.write_text(json.dumps({"versions": {"gpu": "x"}, "suite": "per_check", "seconds": seconds,
+                                    "rows": rows}))
+        return path
+
+    row = {"model": "m", "prefix": 512, "n_branches": 17, "mode": "specfold", "target_ratio": 0.5}
+    old = run(tmp_path / "old.json", [{**row, "ms": 9.0}, {**row, "n_branches": 5, "ms": 3.0},
+                                      {**row, "mode": "dense", "target_ratio": None, "ms": 7.0}], 1)
+    new = run(tmp_path / "new.json", [{**row, "ms": 6.9}, {**row, "target_ratio": 0.25, "ms": 4.0}], 2)
+    out = tmp_path / "merged.json"
+    merge_results(out, [old, new])
+    merged = json.loads(out.read_text())
+    ms = {(r["n_branches"], r["mode"], r["target_ratio"]): r["ms"] for r in merged["rows"]}
+    assert ms == {(17, "specfold", 0.5): 6.9, (5, "specfold", 0.5): 3.0, (17, "dense", None): 7.0,
+                  (17, "specfold", 0.25): 4.0}
+    assert [h["seconds"] for h in merged["runs"]] == [1, 2]
+    merge_results(out, [out, new])  # merging into itself keeps the run headers, adds the new one
+    assert len(json.loads(out.read_text())["rows"]) == 4
+    assert [h["seconds"] for h in json.loads(out.read_text())["runs"]] == [1, 2, 2]
