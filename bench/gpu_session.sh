@@ -4,7 +4,7 @@
 # then merge the per_check parts: python -m bench.plot bench/results/h200/per_check.json OUT/*/per_check.json
 # Budget note (H200): an Inductor compile of a real shape takes 30-70 s, and a new N or prefix recompiles once.
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|end_to_end|kernels}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|end_to_end|kernels|kernels_linear|gate_flags}
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
 run() { python -m bench.run "$@" 2>&1 | tee -a "$OUT/log.txt"; }
@@ -16,9 +16,17 @@ case "$part" in
   per_check_nld)  run --suite per_check --models nld-3b --budget 400
                   run --suite memory ;;
   end_to_end)     run --suite end_to_end --limit 20 --draft-budget 16 --latencies bench/results/h200/per_check.json --budget 300 ;;
-  kernels)        for k in gate attention packed_linear; do
+  kernels)        for k in gate attention; do
                     python bench/kernels/bench_$k.py --out "$OUT/bench_$k.json" 2>&1 | tail -n 3 | tee -a "$OUT/log.txt"
                   done
                   python bench/kernels/check_all.py --out "$OUT/check_all.json" 2>&1 | tail -n 5 | tee -a "$OUT/log.txt" ;;
+  kernels_linear) for m in fastdllm-7b fastdllm-1.5b; do  # ~200 s a model (autotuning + 4 timings a point)
+                    python bench/kernels/bench_packed_linear.py --models $m --out "$OUT/bench_packed_linear_$m.json" \
+                      2>&1 | grep "layer=all" | tee -a "$OUT/log.txt"
+                  done ;;
+  gate_flags)     # options["gate_flags"]="graph" against the default: where the gate's time goes, and latency
+                  run --suite breakdown --breakdown-modes specfold,specfold_graph_flags --models fast-dllm-v2-1.5b,fast-dllm-v2-7b
+                  run --suite per_check --models fast-dllm-v2-1.5b --ns 5,17,33 --prefixes 512 --no-inductor \
+                    --specfold-graph-flags --budget 240 ;;
   *) echo "unknown part: $part" >&2; exit 2 ;;
 esac

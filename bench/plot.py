@@ -33,7 +33,7 @@ def plot_per_check(path: str | Path) -> Path:
                 continue
             if r["mode"] in ("dense", "dense_compiled"):
                 label = r["mode"]
-            elif r["mode"] in ("specfold", "specfold_no_inductor"):
+            elif r["mode"] in ("specfold", "specfold_no_inductor", "specfold_graph_flags"):
                 label = f"{r['mode']} (ratio ~{r['target_ratio']})"
             elif r["mode"] == "floor" and r.get("target_ratio") is None:
                 label = "floor (dense)"

@@ -8,6 +8,8 @@ Suites (each writes JSON under $OUT or bench/results/ and prints every row as JS
               SpecFold at recompute ratios ~0.1/0.25/0.5, and the floor.
   memory      peak memory of one verification forward, dense vs SpecFold (7B shape).
   breakdown   time split of one forward by kernel family (torch.profiler), N = 17; --breakdown-modes.
+Ablations: --specfold-no-inductor and --specfold-graph-flags add per_check modes (and breakdown modes of
+the same names) with options["inductor"]=False or options["gate_flags"]="graph".
   end_to_end  vanilla / Spiffy / SpecFold decoding of the trained model on the task suite: accuracy and
               real tokens/s, plus tokens/s projected to the 1.5B/7B shapes from latencies measured here
               (or read from a per_check JSON with --latencies; bench/project.py).
@@ -167,9 +169,12 @@ def suite_per_check(args) -> list[dict]:
         cfg = model.config
         options = {"tau": TAU, "kernels": KERNELS, "fold_head": args.fold_head, "dense_fraction": args.dense_fraction}
         folded = torch.compile(model, backend=specfold_backend, options=options)
-        # Ablation: the rewritten graph run as is, without the default Inductor lowering on CUDA.
+        # Ablations, each its own mode: the rewritten graph without the default Inductor lowering on
+        # CUDA; the gate's fold flags computed in the graph (options["gate_flags"]="graph").
         folded_plain = torch.compile(model, backend=specfold_backend, options={**options, "inductor": False}) \
             if args.specfold_no_inductor else None
+        folded_graph_flags = torch.compile(model, backend=specfold_backend, options={**options, "gate_flags": "graph"}) \
+            if args.specfold_graph_flags else None
         inductor = torch.compile(model.verify, dynamic=True) if args.inductor else None
         for prefix in prefixes:
             cache = _prefix(model, prefix, 1)
@@ -210,7 +215,8 @@ def suite_per_check(args) -> list[dict]:
                         computed = cfg.block_size + round(ratio * (n_rows - 1) * cfg.block_size)
                         add({**base, "mode": "floor", "recompute_ratio": ratio, "cuda_graph": False,
                                      "ms": floor_ms(cfg, n_rows, computed, prefix), "target_ratio": target})
-                        for mode, fn in (("specfold", folded), ("specfold_no_inductor", folded_plain)):
+                        for mode, fn in (("specfold", folded), ("specfold_no_inductor", folded_plain),
+                                         ("specfold_graph_flags", folded_graph_flags)):
                             if fn is None:
                                 continue
                             with torch.no_grad():
@@ -225,7 +231,7 @@ def suite_per_check(args) -> list[dict]:
                     traceback.print_exc()
                     add({**base, "mode": "error", "error": repr(exc)[:300]})
             del cache
-        del model, folded, folded_plain, inductor
+        del model, folded, folded_plain, folded_graph_flags, inductor
         torch.cuda.empty_cache()
     return rows
 
@@ -305,7 +311,8 @@ def suite_breakdown(args) -> list[dict]:
                 fn = model.verify
             else:
                 options = {"tau": TAU, "kernels": KERNELS, "dense_fraction": args.dense_fraction,
-                           **({"inductor": False} if mode == "specfold_no_inductor" else {})}
+                           **({"inductor": False} if mode == "specfold_no_inductor" else {}),
+                           **({"gate_flags": "graph"} if mode == "specfold_graph_flags" else {})}
                 fn = torch.compile(model, backend=specfold_backend, options=options)
             with torch.no_grad():
                 with collect_stats() as s:
@@ -465,6 +472,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-inductor", dest="inductor", action="store_false")
     ap.add_argument("--specfold-no-inductor", action="store_true",
                     help="per_check: also time SpecFold with options['inductor']=False (ablation)")
+    ap.add_argument("--specfold-graph-flags", action="store_true",
+                    help="per_check: add SpecFold with options['gate_flags']='graph' (mode specfold_graph_flags)")
     ap.add_argument("--dense-fraction", type=float, default=0.3, help="SpecFold options['dense_fraction']")
     ap.add_argument("--fold-head", action="store_true", help="per_check: SpecFold with options['fold_head']")
     ap.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes on the CPU, to test the suites")
@@ -477,7 +486,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ratios", type=lambda v: tuple(float(x) for x in v.split(",")), default=None,
                     help=f"per_check: target recompute ratios, a subset of {sorted(CHANGED_FOR_RATIO)}")
     ap.add_argument("--breakdown-modes", type=lambda v: tuple(v.split(",")), default=("specfold",),
-                    help="breakdown: profile these of dense,specfold,specfold_no_inductor")
+                    help="breakdown: profile these of dense,specfold,specfold_no_inductor,specfold_graph_flags")
     ap.add_argument("--limit", type=int, default=30, help="problems per task (end_to_end)")
     ap.add_argument("--latencies", default=None,
                     help="end_to_end: project through this per_check JSON instead of measuring latencies")

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .kernels.attention_ref import block_attention_ref, prefix_attention_ref
-from .kernels.gate_ref import fold_gate_ref
+from .kernels.gate_ref import fold_gate_ref, resolve_folds_ref
 from .kernels.packed_linear_ref import packed_linear_ref
 
 IMPLS = ("torch", "triton")
@@ -29,16 +29,40 @@ def _kernels():
 
 # --- gate + origin + compaction ------------------------------------------------------------------
 
+def fold_flags_graph(h: Tensor, parents: Tensor, tau: Tensor) -> Tensor:
+    """The gate's fold flags as plain tensor ops (``options["gate_flags"]="graph"``): SPEC section 2's
+    ``||h[n,b] - h[p(n),b]|| < tau * ||h[p(n),b]||`` in float32, row 0 never folded.
+
+    Put in the graph before the gate, these are a row-wise reduction over the same rows as the
+    layer's input norm, which Inductor can fuse with it, instead of a separate pass over h.
+    """
+    hf = h.float()
+    hp = hf.index_select(0, parents.clamp_min(0))
+    ss_diff = (hf - hp).square().sum(-1)
+    ss_par = hp.square().sum(-1)
+    not_main = torch.arange(h.shape[0], device=h.device)[:, None] >= 1
+    return (ss_diff.sqrt() < tau * ss_par.sqrt()) & not_main
+
+
 @torch.library.custom_op("specfold::fold_gate", mutates_args=())
-def fold_gate(h: Tensor, parents: Tensor, tau: Tensor, gate_index: int, pack: bool, impl: str
-              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def fold_gate(h: Tensor, parents: Tensor, tau: Tensor, gate_index: int, pack: bool, impl: str,
+              flags: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """h [N, B, C] -> (fold_mask [N,B] bool, origin [N,B], rows [N*B], count [], slot [N,B]) (int64).
 
     ``rows[:count]`` are the computed rows (flat n*B+b, ascending), ``slot[n,b]`` indexes ``rows`` at the
     origin of (n, b). With ``pack=False`` every row is "computed" for the position-wise ops
     (rows = arange, count = N*B) and ``slot = origin``: same results, no savings (a bisection switch).
+    ``flags`` ([N, B] bool, from ``fold_flags_graph``): the fold flags, computed in the graph; the gate
+    then only resolves origins and compacts.
     """
-    if impl == "triton":
+    if flags is not None:
+        if impl == "triton":
+            fold, origin, rows, count, slot = _kernels().fold_gate_from_flags(flags, parents)
+        else:
+            fold = flags.clone()
+            fold[:1] = False
+            origin, rows, count, slot = resolve_folds_ref(fold, parents)
+    elif impl == "triton":
         fold, origin, rows, count, slot = _kernels().fold_gate(h, parents, tau)
     else:
         fold, origin, rows, count, slot = fold_gate_ref(h, parents, tau)
@@ -54,7 +78,7 @@ def fold_gate(h: Tensor, parents: Tensor, tau: Tensor, gate_index: int, pack: bo
 
 
 @fold_gate.register_fake
-def _fold_gate_fake(h, parents, tau, gate_index, pack, impl):
+def _fold_gate_fake(h, parents, tau, gate_index, pack, impl, flags=None):
     n, b = h.shape[0], h.shape[1]
     mask = h.new_empty((n, b), dtype=torch.bool)
     idx = h.new_empty((n, b), dtype=torch.int64)

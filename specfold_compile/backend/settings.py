@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 GATES = ("layer", "sublayer")
+GATE_FLAGS = ("kernel", "graph")
 KERNELS = ("auto", "torch", "triton")
 
 
@@ -28,6 +29,12 @@ class SpecFoldSettings:
                           every row, then read origins; same results).
     attention_correction: switch: reuse the origin's prefix attention state and merge the branch's own
                           block (off = full attention per row with the inherited q/k/v; same results).
+    gate_flags:           where the gate's fold flags are computed: "kernel" (inside the gate op: with
+                          Triton kernels, a pass over the residual rows and then the resolve, two
+                          launches) or "graph" (as plain tensor ops before the gate op, which Inductor
+                          can fuse into the reduction of the layer's input norm; the gate op then only
+                          resolves and compacts, one launch). Same decisions either way. "graph" is
+                          not yet measured on the GPU, so "kernel" stays the default.
     fold_head:            also gate the final norm and LM head (SPEC section 2 option): folded rows take
                           their origin's logits. Off by default.
     inductor:             lower the rewritten graph through Inductor (fuses the norms, RoPE and other
@@ -51,6 +58,7 @@ class SpecFoldSettings:
     fold: bool = True
     pack: bool = True
     attention_correction: bool = True
+    gate_flags: str = "kernel"
     fold_head: bool = False
     inductor: bool | None = None
     dense_fraction: float = 0.3
@@ -65,6 +73,8 @@ class SpecFoldSettings:
         object.__setattr__(self, "tau", tau)
         if self.gate not in GATES:
             raise ValueError(f"options['gate']: expected one of {GATES}, got {self.gate!r}")
+        if self.gate_flags not in GATE_FLAGS:
+            raise ValueError(f"options['gate_flags']: expected one of {GATE_FLAGS}, got {self.gate_flags!r}")
         if self.kernels not in KERNELS:
             raise ValueError(f"options['kernels']: expected one of {KERNELS}, got {self.kernels!r}")
         for name in ("strict", "fold", "pack", "attention_correction", "fold_head"):

@@ -27,7 +27,7 @@ except Exception as exc:  # ImportError, or a broken install
 
 if _TRITON_IMPORT_ERROR is None:
     from .attention import block_attention, branch_attention, prefix_attention
-    from .gate import fold_gate, resolve_folds
+    from .gate import fold_gate, fold_gate_from_flags, resolve_folds
     from .packed_linear import packed_linear
 else:
     def _missing(name):
@@ -37,6 +37,7 @@ else:
         return fn
 
     fold_gate = _missing("fold_gate")
+    fold_gate_from_flags = _missing("fold_gate_from_flags")
     resolve_folds = _missing("resolve_folds")
     prefix_attention = _missing("prefix_attention")
     block_attention = _missing("block_attention")
@@ -61,7 +62,7 @@ def triton_available() -> bool:
 
 __all__ = [
     "triton_available",
-    "fold_gate", "resolve_folds", "fold_gate_ref", "fold_flags_ref", "resolve_folds_ref",
+    "fold_gate", "fold_gate_from_flags", "resolve_folds", "fold_gate_ref", "fold_flags_ref", "resolve_folds_ref",
     "prefix_attention", "block_attention", "branch_attention",
     "prefix_attention_ref", "block_attention_ref", "branch_attention_ref", "merge_states",
     "packed_linear", "packed_linear_ref",

@@ -51,9 +51,9 @@ def _fold_flag_kernel(
 
 @triton.jit
 def _resolve_kernel(
-    fold_ptr, parents_ptr, origin_ptr, rows_ptr, count_ptr, slot_ptr,
+    fold_ptr, parents_ptr, origin_ptr, rows_ptr, count_ptr, slot_ptr, fold_out_ptr,
     N, B,
-    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, JUMPS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, JUMPS: tl.constexpr, WRITE_FOLD: tl.constexpr,
 ):
     rn = tl.arange(0, BLOCK_N)
     rb = tl.arange(0, BLOCK_B)
@@ -61,6 +61,8 @@ def _resolve_kernel(
     flat = rn[:, None] * B + rb[None, :]                       # int32 flat index n*B+b
     fold = tl.load(fold_ptr + flat, mask=valid, other=0) != 0
     fold = fold & (rn[:, None] >= 1)
+    if WRITE_FOLD:  # the gate's own copy of a mask computed elsewhere (row 0 never folds)
+        tl.store(fold_out_ptr + flat, fold.to(tl.int8), mask=valid)
     computed = valid & (fold == 0)
     ci = computed.to(tl.int32)
     # exclusive prefix over flat (row-major) order: rows before n, then lanes before b in row n
@@ -119,6 +121,17 @@ def resolve_folds(fold: torch.Tensor, parents: torch.Tensor):
 
     Returns (origin [N,B] int64, rows [N*B] int64, count 0-d int64, slot [N,B] int64).
     """
+    return _resolve(fold, parents, write_fold=False)[1:]
+
+
+def fold_gate_from_flags(fold: torch.Tensor, parents: torch.Tensor):
+    """The gate for fold flags computed elsewhere (e.g. fused by Inductor into the layer's input norm):
+    one launch, which also writes the gate's own fold mask (row 0 cleared). Same 5 outputs as
+    ``fold_gate``."""
+    return _resolve(fold, parents, write_fold=True)
+
+
+def _resolve(fold: torch.Tensor, parents: torch.Tensor, write_fold: bool):
     N, B = fold.shape
     dev = fold.device
     fold_i8 = fold.contiguous().view(torch.int8) if fold.dtype == torch.bool else fold.to(torch.int8).contiguous()
@@ -130,11 +143,12 @@ def resolve_folds(fold: torch.Tensor, parents: torch.Tensor):
     BLOCK_N = max(triton.next_power_of_2(max(N, 1)), 2)
     BLOCK_B = max(triton.next_power_of_2(max(B, 1)), 2)
     jumps = max(N - 2, 0).bit_length()  # ceil(log2(N - 1)): the longest fold chain has N - 1 links
+    fold_out = _common.empty((N, B), torch.int8, dev) if write_fold else fold_i8
     _resolve_kernel[(1,)](
-        fold_i8, parents, origin, rows, count, slot, N, B,
-        BLOCK_N=BLOCK_N, BLOCK_B=BLOCK_B, JUMPS=jumps, num_warps=4,
+        fold_i8, parents, origin, rows, count, slot, fold_out, N, B,
+        BLOCK_N=BLOCK_N, BLOCK_B=BLOCK_B, JUMPS=jumps, WRITE_FOLD=write_fold, num_warps=4,
     )
-    return origin, rows, count, slot
+    return fold_out.view(torch.bool), origin, rows, count, slot
 
 
 def fold_gate(h: torch.Tensor, parents: torch.Tensor, tau: torch.Tensor):

@@ -33,7 +33,7 @@ def lower_kernels(gm: GraphModule, settings: Any) -> GraphModule:
     regions = list(analysis.layers) + ([analysis.head] if analysis.head is not None else [])
     for layer in regions:
         for gate in layer.gates:
-            gate.args = (*gate.args[:5], impl)
+            gate.args = (*gate.args[:5], impl, *gate.args[6:])
         if getattr(layer, "attention", None) is not None and layer.attention.target is fold_ops.FOLDED_ATTENTION:
             layer.attention.args = (*layer.attention.args[:8], impl)
         for lin, plan in layer.packed_linears:

@@ -26,7 +26,8 @@ def test_inductor_lowering_matches_reference_with_the_same_masks():
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy scalar conversion inside the interpreter
-@pytest.mark.parametrize("extra", [{}, {"fold_head": True}, {"gate": "sublayer"}], ids=["default", "fold_head", "sublayer"])
+@pytest.mark.parametrize("extra", [{}, {"fold_head": True}, {"gate": "sublayer"}, {"gate_flags": "graph"}],
+                         ids=["default", "fold_head", "sublayer", "gate_flags_graph"])
 def test_gpu_default_path_triton_kernels_under_inductor(extra, monkeypatch):
     """What backend="specfold" runs on CUDA by default: Triton kernels (interpreted here), Inductor
     lowering, packed linears split between the dense GEMM head and the count-aware spill kernel."""

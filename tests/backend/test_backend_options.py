@@ -68,6 +68,7 @@ def test_unknown_option_lists_valid_ones(tiny):
     ({"attention_correction": 0}, "attention_correction"), ({"inductor": "yes"}, "inductor"),
     ({"dense_fraction": 1.5}, "dense_fraction"), ({"dense_fraction": -0.1}, "dense_fraction"),
     ({"dense_fraction": "half"}, "dense_fraction"), ({"dense_fraction": True}, "dense_fraction"),
+    ({"gate_flags": "inductor"}, "gate_flags"), ({"gate_flags": None}, "gate_flags"),
 ])
 def test_bad_option_values_name_the_option(options, name):
     with pytest.raises((ValueError, TypeError)) as info:

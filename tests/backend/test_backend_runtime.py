@@ -96,6 +96,52 @@ def test_tau_is_one_graph_constant_read_by_every_gate(model_cache):
     assert gates and all(g.args[2] is taus[0] for g in gates)
 
 
+@pytest.mark.parametrize("gate", ["layer", "sublayer"])
+def test_gate_flags_in_graph_puts_one_flags_computation_before_each_gate(model_cache, gate):
+    """gate_flags="graph": every gate gets its flags from plain tensor ops placed right before it, fed
+    by the same residual state; the default leaves the gate computing them (no flags argument)."""
+    model, cache = model_cache
+    tokens, parents = make_tree(model, 5, "realistic", 3)
+    counted = {}
+    for where in ("kernel", "graph"):
+        gm, _ = capture_graph(model, tokens, parents, cache)  # the passes rewrite their input
+        out = compile_graph(gm, SpecFoldSettings(tau=0.3, gate=gate, gate_flags=where))
+        gates = [n for n in out.graph.nodes if n.target is fold_ops.FOLD_GATE]
+        flags = [n for n in out.graph.nodes if n.target is fold_ops.fold_flags_graph]
+        counted[where] = (len(gates), len(flags))
+        if where == "graph":
+            assert len(gates) == len(flags)
+            assert all(g.args[6] is f and f.args[0] is g.args[0] for g, f in zip(gates, flags))
+        else:
+            assert all(len(g.args) == 6 for g in gates)
+    layers = 2 * (2 if gate == "sublayer" else 1)
+    assert counted == {"kernel": (layers, 0), "graph": (layers, layers)}
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy scalar conversion inside the interpreter
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_gate_flags_in_graph_gives_the_same_decisions_and_results(model_cache, kernels, monkeypatch):
+    from specfold_compile import kernels as k
+
+    if kernels == "triton" and not k.triton_available():
+        pytest.skip("triton is not importable here (or neither CUDA nor TRITON_INTERPRET=1)")
+    model, cache = model_cache
+    tokens, parents = make_tree(model, 8, "realistic", 6)
+    runs = {}
+    for where in ("kernel", "graph"):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="specfold",
+                                 options={"tau": 0.3, "gate_flags": where, "kernels": kernels})
+        with collect_stats() as s:
+            out = compiled(tokens, parents, cache)
+        runs[where] = (out, s.fold_masks)
+    (out_k, masks_k), (out_g, masks_g) = runs["kernel"], runs["graph"]
+    assert len(masks_k) == len(masks_g) == 2
+    assert all(torch.equal(a, b) for a, b in zip(masks_k, masks_g))
+    assert any(m.any() for m in masks_g) and not any(m[0].any() for m in masks_g)
+    assert_close(out_g, out_k, what="gate_flags=graph vs kernel")
+
+
 # --- statistics ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("gate", ["layer", "sublayer"])
