@@ -4,7 +4,8 @@ from hypothesis import given, settings, strategies as st
 
 pytest.importorskip("triton")
 
-from specfold_compile.kernels import fold_gate, fold_gate_ref, resolve_folds, resolve_folds_ref  # noqa: E402
+from specfold_compile.kernels import (fold_gate, fold_gate_from_flags, fold_gate_ref, resolve_folds,  # noqa: E402
+                                     resolve_folds_ref)
 from specfold_compile.kernels.gate_ref import fold_flags_ref  # noqa: E402
 
 from .helpers import DEVICE, DTYPES, randn  # noqa: E402
@@ -161,3 +162,22 @@ def test_fold_flags_ref_semantics():
     # ||diff|| = 0.4, 0.6 ; ||parent|| = 5 ; tau*5 = 0.5
     f = fold_flags_ref(h, par, torch.tensor(0.1))
     assert f.tolist() == [[False], [True], [False]]
+
+
+@settings(deadline=None, max_examples=15)
+@given(N=st.integers(1, 12), B=st.integers(1, 12), p_fold=st.sampled_from([0.0, 0.4, 1.0]),
+       chain=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_fold_gate_from_flags_matches_ref(N, B, p_fold, chain, seed):
+    """Flags computed elsewhere (options["gate_flags"]="graph"): one launch gives the gate's own mask
+    (row 0 cleared, a new tensor) and the same origin / rows / count / slot as the reference."""
+    gen = torch.Generator().manual_seed(seed)
+    parents = random_parents(N, gen, chain)
+    flags = (torch.rand(N, B, generator=gen) < p_fold).to(DEVICE)
+    flags[0] = torch.rand(B, generator=gen) < 0.5  # row 0 must come out unfolded
+    fold, *rest = fold_gate_from_flags(flags, parents)
+    expected = flags.clone()
+    expected[0] = False
+    assert fold.dtype == torch.bool and torch.equal(fold.cpu(), expected.cpu())
+    assert fold.data_ptr() != flags.data_ptr()
+    for a, b in zip(rest, resolve_folds_ref(expected, parents)):
+        assert torch.equal(a.cpu(), b.cpu())
