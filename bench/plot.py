@@ -34,6 +34,8 @@ def plot_per_check(path: str | Path) -> Path:
             if r["mode"] in ("dense", "dense_compiled"):
                 label = r["mode"]
             elif r["mode"] in ("specfold", "specfold_no_inductor", "specfold_graph_flags"):
+                if r.get("target_ratio") is None:  # N = 1: nothing folded, not a point of a ratio series
+                    continue
                 label = f"{r['mode']} (ratio ~{r['target_ratio']})"
             elif r["mode"] == "floor" and r.get("target_ratio") is None:
                 label = "floor (dense)"

@@ -3,9 +3,16 @@
 The trained model is tiny and launch-bound, so its own tokens/s says little about a real model. Each
 end_to_end run records every verification call it made (branch count N, measured recompute ratio);
 this module sums, per run, the latency of each call at a real shape, read from per_check rows measured
-on the GPU (dense for vanilla/Spiffy and N = 1, SpecFold interpolated in the recompute ratio, and in N
-between measured branch counts), plus one dense N = 1 forward for every other forward (prefill, block
-writes). The result is labelled "projected" everywhere it appears.
+on the GPU, plus one dense N = 1 forward for every other forward (prefill, block writes: the decode
+loop runs those on the plain model in every mode). A call costs:
+  - vanilla / Spiffy: dense eager at its N (interpolated between measured Ns);
+  - SpecFold: SpecFold interpolated in the recompute ratio, and in N between measured branch counts;
+    at N = 1 (nothing to fold) what ``backend="specfold"`` runs there when per_check measured it (the
+    unfolded graph, lowered through Inductor on CUDA), else dense eager;
+  - ``spiffy_compiled`` (an extra projected row, when per_check has ``dense_compiled`` at N = 1 and at
+    the run's largest N): Spiffy with its verification calls under ``torch.compile``'s default backend,
+    the fair baseline for a compiled SpecFold.
+The result is labelled "projected" everywhere it appears.
 
 ``python -m bench.project END_TO_END.json PER_CHECK.json`` replaces the projected rows of END_TO_END.json
 with ones computed from PER_CHECK.json (prefix 512) and prints them.
@@ -21,15 +28,19 @@ SHAPES = ("fast-dllm-v2-1.5b", "fast-dllm-v2-7b")
 
 
 def table_from_per_check(rows: list[dict], shape: str, prefix: int = 512) -> dict:
-    """{"dense": {N: ms}, "specfold": {N: [(ratio, ms), ...]}} of one model shape and prefix."""
-    table: dict = {"dense": {}, "specfold": {}}
+    """Latencies of one model shape and prefix: {"dense": {N: ms}, "dense_compiled": {N: ms},
+    "specfold": {N: [(ratio, ms), ...]} for N > 1, "specfold_n1": ms or None}."""
+    table: dict = {"dense": {}, "dense_compiled": {}, "specfold": {}, "specfold_n1": None}
     for r in rows:
         if r.get("model") != shape or r.get("prefix") != prefix or "ms" not in r:
             continue
-        if r["mode"] == "dense":
-            table["dense"][r["n_branches"]] = r["ms"]
+        n = r["n_branches"]
+        if r["mode"] in ("dense", "dense_compiled"):
+            table[r["mode"]][n] = r["ms"]
+        elif r["mode"] == "specfold" and n == 1:
+            table["specfold_n1"] = r["ms"]
         elif r["mode"] == "specfold":
-            table["specfold"].setdefault(r["n_branches"], []).append((r["recompute_ratio"], r["ms"]))
+            table["specfold"].setdefault(n, []).append((r["recompute_ratio"], r["ms"]))
     for points in table["specfold"].values():
         points.sort()
     return table
@@ -45,29 +56,47 @@ def _interp(points: list[tuple[float, float]], x: float) -> float:
     return points[-1][1]
 
 
-def call_ms(table: dict, n: int, ratio: float, folded: bool) -> float:
-    """Latency of one verification call with n branches (SpecFold at this recompute ratio if folded)."""
+def call_ms(table: dict, n: int, ratio: float, folded: bool, compiled: bool = False) -> float:
+    """Latency of one verification call with n branches: SpecFold at this recompute ratio if folded,
+    else dense (under torch.compile's default backend if compiled)."""
+    if compiled:
+        return _interp(sorted(table["dense_compiled"].items()), n)
     dense = sorted(table["dense"].items())
-    if not folded or n == 1:
+    one = table["specfold_n1"] if folded and table.get("specfold_n1") is not None else table["dense"].get(1)
+    if not folded or (n == 1 and one is None):
         return _interp(dense, n)
-    # SpecFold at each measured N, at this ratio; at N = 1 it is the dense forward (nothing to fold).
-    per_n = [(1, table["dense"][1])] if 1 in table["dense"] else []
+    if n == 1:
+        return one
+    # SpecFold at each measured N, at this ratio; at N = 1 there is nothing to fold.
+    per_n = [(1, one)] if one is not None else []
     per_n += [(m, _interp(points, ratio)) for m, points in sorted(table["specfold"].items())]
     return _interp(per_n, n)
 
 
+def _covers(measured: dict, calls: list) -> bool:
+    """Whether measured Ns span every N of these calls (no extrapolation for a whole baseline)."""
+    ns = [n for n, _ in calls]
+    return bool(measured) and min(measured) <= min(ns) and max(measured) >= max(ns)
+
+
 def project(run_rows: list[dict], table: dict, shape: str) -> list[dict]:
-    """One projected row per measured (task, mode) row that carries its calls."""
+    """One projected row per measured (task, mode) row that carries its calls, plus ``spiffy_compiled``
+    rows where the table's dense_compiled latencies cover the Spiffy run's branch counts."""
     out = []
+    other_ms = call_ms(table, 1, 1.0, folded=False)  # prefill / block write: plain model, every mode
     for r in run_rows:
         if r.get("kind", "").startswith("projected") or not r.get("calls"):
             continue
-        folded = r["mode"] == "specfold"
-        total = sum(call_ms(table, n, ratio, folded) for n, ratio in r["calls"])
-        total += (r["forwards"] - len(r["calls"])) * call_ms(table, 1, 1.0, False)
-        out.append({"task": r["task"], "mode": r["mode"], "shape": shape, "kind": "projected",
-                    "projected_tokens_per_s": r["tokens"] / (total / 1e3), "projected_ms": total,
-                    "nfe": r["nfe"], "accuracy": r["accuracy"]})
+        variants = [(r["mode"], False)]
+        if r["mode"] == "spiffy" and _covers(table.get("dense_compiled", {}), r["calls"]):
+            variants.append(("spiffy_compiled", True))
+        for mode, compiled in variants:
+            folded = mode == "specfold"
+            total = sum(call_ms(table, n, ratio, folded, compiled) for n, ratio in r["calls"])
+            total += (r["forwards"] - len(r["calls"])) * other_ms
+            out.append({"task": r["task"], "mode": mode, "shape": shape, "kind": "projected",
+                        "projected_tokens_per_s": r["tokens"] / (total / 1e3), "projected_ms": total,
+                        "nfe": r["nfe"], "accuracy": r["accuracy"]})
     return out
 
 

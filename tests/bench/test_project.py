@@ -38,3 +38,27 @@ def test_project_sums_calls_and_other_forwards(tmp_path):
     assert main([str(e2e), str(per_check)]) == 0
     rows = json.loads(e2e.read_text())["rows"]
     assert [r["kind"] for r in rows] == ["measured", "projected"] and rows[1]["projected_ms"] == pytest.approx(12.0)
+
+
+def test_specfold_at_one_branch_and_the_compiled_spiffy_baseline():
+    """N = 1 calls of a SpecFold run cost what backend="specfold" measured at N = 1 (when measured);
+    spiffy_compiled charges dense_compiled latencies, and only where they span the run's Ns."""
+    rows = _per_check_rows() + [
+        {"model": "m", "prefix": 512, "n_branches": 1, "mode": "specfold", "recompute_ratio": 1.0, "ms": 1.5},
+        {"model": "m", "prefix": 512, "n_branches": 1, "mode": "dense_compiled", "ms": 1.2},
+        {"model": "m", "prefix": 512, "n_branches": 5, "mode": "dense_compiled", "ms": 2.4},
+    ]
+    table = table_from_per_check(rows, "m", 512)
+    assert table["specfold_n1"] == 1.5 and table["specfold"].keys() == {5, 17}
+    assert call_ms(table, 1, 1.0, folded=True) == 1.5
+    assert call_ms(table, 1, 1.0, folded=False) == 2.0                       # Spiffy's N = 1: dense eager
+    assert call_ms(table, 3, 0.1, folded=True) == pytest.approx(2.25)        # between SpecFold(1) and N=5
+    assert call_ms(table, 3, 1.0, folded=False, compiled=True) == pytest.approx(1.8)
+    spiffy = {"task": "t", "mode": "spiffy", "accuracy": 1.0, "nfe": 3.0, "tokens": 20, "forwards": 3,
+              "calls": [(1, 1.0), (5, 1.0)], "kind": "measured"}
+    out = project([spiffy], table, "m")
+    assert [r["mode"] for r in out] == ["spiffy", "spiffy_compiled"]
+    assert out[0]["projected_ms"] == pytest.approx(2.0 + 4.0 + 2.0)
+    assert out[1]["projected_ms"] == pytest.approx(1.2 + 2.4 + 2.0)          # prefill stays eager
+    wider = {**spiffy, "calls": [(1, 1.0), (17, 1.0)]}                       # N = 17 not compiled-measured
+    assert [r["mode"] for r in project([wider], table, "m")] == ["spiffy"]
