@@ -25,8 +25,8 @@ case "$part" in
                       2>&1 | grep "layer=all" | tee -a "$OUT/log.txt"
                   done ;;
   gate_flags)     # options["gate_flags"]="graph" against the default: where the gate's time goes, and latency
-                  run --suite breakdown --breakdown-modes specfold,specfold_graph_flags --models fast-dllm-v2-1.5b,fast-dllm-v2-7b
+                  run --suite breakdown --breakdown-modes dense,specfold,specfold_graph_flags --models fast-dllm-v2-1.5b
                   run --suite per_check --models fast-dllm-v2-1.5b --ns 5,17,33 --prefixes 512 --no-inductor \
-                    --specfold-graph-flags --budget 240 ;;
+                    --specfold-graph-flags --ratios 0.25 --budget 240 ;;
   *) echo "unknown part: $part" >&2; exit 2 ;;
 esac
