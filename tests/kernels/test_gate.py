@@ -181,3 +181,23 @@ def test_fold_gate_from_flags_matches_ref(N, B, p_fold, chain, seed):
     assert fold.data_ptr() != flags.data_ptr()
     for a, b in zip(rest, resolve_folds_ref(expected, parents)):
         assert torch.equal(a.cpu(), b.cpu())
+
+
+@settings(**SETTINGS)
+@given(N=st.integers(1, 9), B=st.integers(1, 6), C=st.integers(1, 40), fold_prob=st.sampled_from([0.0, 0.5, 1.0]),
+       chain=st.booleans(), tau=st.sampled_from([0.0, 0.05, 0.3]), seed=st.integers(0, 2**31 - 1))
+def test_fold_flags_graph_matches_ref(N, B, C, fold_prob, chain, tau, seed):
+    """options["gate_flags"]="graph" computes the flags with plain tensor ops: the same decisions as the
+    reference, edge cases included (tau = 0, a zero parent row, NaN in a row or its parent)."""
+    from specfold_compile.fold_ops import fold_flags_graph
+
+    gen = torch.Generator().manual_seed(seed)
+    parents = random_parents(N, gen, chain)
+    h = gated_h(N, B, C, parents, max(tau, 0.05), fold_prob, torch.float32, gen)
+    if N > 1:
+        h[0, 0] = 0.0                                    # a zero parent row never folds its children
+        h[N - 1, B - 1, C // 2] = float("nan")           # NaN never folds (nor do its children)
+    tau_t = torch.tensor(tau, dtype=torch.float32, device=DEVICE)
+    got = fold_flags_graph(h, parents, tau_t)
+    assert got.dtype == torch.bool and not got[0].any()
+    assert torch.equal(got.cpu(), fold_flags_ref(h, parents, tau_t).cpu())
