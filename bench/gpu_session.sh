@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # Every GPU result of the README, in parts that each fit one 10-minute device call:
-#   PYTHONPATH=. bash bench/gpu_session.sh PART      (results under $OUT/PART, or bench/results/PART)
+#   PYTHONPATH=. bash bench/gpu_session.sh PART [ARGS...]   (results under $OUT/PART, or bench/results/PART;
+#   ARGS go to the part's bench.run command, e.g. --budget 280; the per_check parts of different models can
+#   run side by side on a 2-GPU machine, one CUDA_VISIBLE_DEVICES each)
 # then merge the per_check parts: python -m bench.plot bench/results/h200/per_check.json OUT/*/per_check.json
 # Budget note (H200): an Inductor compile of a real shape takes 30-70 s, and a new N or prefix recompiles once.
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|end_to_end|kernels|kernels_linear|gate_flags}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|memory|end_to_end|kernels|kernels_linear|gate_flags [ARGS...]}
+shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
-run() { python -m bench.run "$@" 2>&1 | tee -a "$OUT/log.txt"; }
+extra=("$@")
+run() { python -m bench.run "$@" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"; }
 case "$part" in
   check)          run --suite check
                   run --suite breakdown --breakdown-modes dense,specfold,specfold_no_inductor --models fast-dllm-v2-1.5b,fast-dllm-v2-7b ;;
   per_check_1.5b) run --suite per_check --models fast-dllm-v2-1.5b --budget 540 ;;
   per_check_7b)   run --suite per_check --models fast-dllm-v2-7b --budget 540 ;;
-  per_check_nld)  run --suite per_check --models nld-3b --budget 400
-                  run --suite memory ;;
+  per_check_nld)  run --suite per_check --models nld-3b --budget 540 ;;
+  memory)         run --suite memory ;;
   end_to_end)     run --suite end_to_end --limit 20 --draft-budget 16 --latencies bench/results/h200/per_check.json --budget 300 ;;
   kernels)        for k in gate attention; do
                     python bench/kernels/bench_$k.py --out "$OUT/bench_$k.json" 2>&1 | tail -n 3 | tee -a "$OUT/log.txt"

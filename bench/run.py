@@ -27,6 +27,7 @@ import torch
 
 from specfold_compile import fold_ops
 from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph, specfold_backend
+from specfold_compile.decoding import mark_dynamic_shapes
 from specfold_compile.models import build
 from specfold_compile.reference import folded_verify
 
@@ -40,14 +41,20 @@ CHANGED_FOR_RATIO = {0.1: 2, 0.25: 6, 0.5: 14}  # positions changed per draft ->
 TAU = 0.3
 
 
-def _inputs(model, n_rows: int, changed: int, seed: int):
+def _inputs(model, n_rows: int, changed: int, seed: int, cache=None):
+    """Tokens and parents of one verification call; with ``cache``, N and the prefix length are marked
+    dynamic as the decode loop marks them, so compiled modes trace the graphs a real decode runs
+    (one per size class) instead of recompiling per N and prefix."""
     cfg = model.config
     gen = torch.Generator().manual_seed(seed)
     vocab = min(cfg.vocab_size, 30000)
     main = torch.randint(0, vocab, (cfg.block_size,), generator=gen)
     parents = draft_tree(n_rows)
-    tokens = draft_tokens(main, parents, changed, vocab, gen)
-    return tokens.to(DEVICE), torch.tensor(parents, device=DEVICE)
+    tokens = draft_tokens(main, parents, changed, vocab, gen).to(DEVICE)
+    parents = torch.tensor(parents, device=DEVICE)
+    if cache is not None:
+        mark_dynamic_shapes(tokens, parents, cache)
+    return tokens, parents
 
 
 def _prefix(model, length: int, seed: int):
@@ -183,14 +190,14 @@ def suite_per_check(args) -> list[dict]:
                     print("per_check: time budget reached, stopping", flush=True)
                     return rows
                 base = {"model": name, "prefix": prefix, "n_branches": n_rows}
-                tokens, parents = _inputs(model, n_rows, 4, n_rows)
+                tokens, parents = _inputs(model, n_rows, 4, n_rows, cache)
                 try:
                     with torch.no_grad():
                         ms, cg = time_cuda_graph(lambda: model.verify(tokens, parents, cache))
                     add({**base, "mode": "dense", "recompute_ratio": 1.0, "ms": ms, "cuda_graph": cg})
                     add({**base, "mode": "floor", "recompute_ratio": 1.0, "cuda_graph": False,
                                  "ms": floor_ms(cfg, n_rows, n_rows * cfg.block_size, prefix)})
-                    if inductor is not None and prefix == 512:
+                    if inductor is not None:
                         try:
                             with torch.no_grad():
                                 t0 = time.monotonic()
@@ -216,7 +223,7 @@ def suite_per_check(args) -> list[dict]:
                              "first_call_s": first_s})
                         continue
                     for target, changed in ratios.items():
-                        tokens, parents = _inputs(model, n_rows, changed, 100 * n_rows + changed)
+                        tokens, parents = _inputs(model, n_rows, changed, 100 * n_rows + changed, cache)
                         t0 = time.monotonic()
                         with torch.no_grad(), collect_stats() as s:
                             folded(tokens, parents, cache)  # the gate's decisions on these inputs
@@ -261,7 +268,7 @@ def suite_memory(args) -> list[dict]:
         cache = _prefix(model, prefix, 1)
         cache_bytes = sum(t.numel() * t.element_size() for t in cache.keys + cache.values)
         for n_rows in (1, 9, 33):
-            tokens, parents = _inputs(model, n_rows, 6, n_rows)
+            tokens, parents = _inputs(model, n_rows, 6, n_rows, cache)
             for mode, fn in (("dense", lambda: model.verify(tokens, parents, cache)),
                              ("specfold", lambda: folded(tokens, parents, cache))):
                 with torch.no_grad():
@@ -385,7 +392,7 @@ def _latency_rows(name: str, ns: list[int], deadline: Deadline) -> list[dict]:
             if deadline.left() < 15:
                 break
             base = {"model": name, "prefix": 512, "n_branches": n_rows}
-            tokens, parents = _inputs(model, n_rows, 4, n_rows)
+            tokens, parents = _inputs(model, n_rows, 4, n_rows, cache)
             rows.append({**base, "mode": "dense", "recompute_ratio": 1.0,
                          "ms": time_cuda_graph(lambda: model.verify(tokens, parents, cache))[0]})
             if n_rows == 1:  # nothing to fold: the plain graph as backend="specfold" runs it
@@ -394,7 +401,7 @@ def _latency_rows(name: str, ns: list[int], deadline: Deadline) -> list[dict]:
                              "ms": time_cuda_graph(lambda: folded(tokens, parents, cache))[0]})
                 continue
             for changed in CHANGED_FOR_RATIO.values():
-                tokens, parents = _inputs(model, n_rows, changed, 7 * n_rows + changed)
+                tokens, parents = _inputs(model, n_rows, changed, 7 * n_rows + changed, cache)
                 with collect_stats() as s:
                     folded(tokens, parents, cache)
                 rows.append({**base, "mode": "specfold", "recompute_ratio": s.recompute_ratio,

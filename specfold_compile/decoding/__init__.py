@@ -14,11 +14,11 @@ Public API::
 
 from .calibration import calibrate, calibrate_cli, count_rank_sets
 from .commit import block_finished, commit, confidence, rank_masked_positions, window_positions
-from .decoder import MODES, GenerateResult, StepStats, generate, record_traces
+from .decoder import MODES, GenerateResult, StepStats, generate, mark_dynamic_shapes, record_traces
 from .graph import DraftGraph, build_drafts, default_draft_graph, load_draft_graph, prune_nodes, save_draft_graph
 
 __all__ = [
-    "generate", "GenerateResult", "StepStats", "MODES", "record_traces",
+    "generate", "GenerateResult", "StepStats", "MODES", "record_traces", "mark_dynamic_shapes",
     "calibrate", "calibrate_cli", "count_rank_sets",
     "DraftGraph", "load_draft_graph", "save_draft_graph", "default_draft_graph", "build_drafts", "prune_nodes",
     "commit", "confidence", "window_positions", "rank_masked_positions", "block_finished",

@@ -28,7 +28,7 @@ import torch
 from .commit import block_finished, commit, confidence
 from .graph import DraftGraph, build_drafts, default_draft_graph, load_draft_graph
 
-__all__ = ["generate", "GenerateResult", "StepStats", "record_traces", "MODES"]
+__all__ = ["generate", "GenerateResult", "StepStats", "record_traces", "mark_dynamic_shapes", "MODES"]
 
 MODES = ("vanilla", "spiffy")
 
@@ -112,6 +112,18 @@ def _model_consts(model):
     return B, sb, int(cfg.mask_token_id), int(cfg.eos_token_id)
 
 
+def mark_dynamic_shapes(tokens: torch.Tensor, parents: torch.Tensor, cache) -> None:
+    """The branch count and the prefix length change from call to call: mark them so a compiled model
+    traces them as dynamic from the start (one graph per size class, not one per size). N = 1 stays
+    specialised, as torch.compile specialises sizes 0 and 1 anyway."""
+    if parents.numel() > 1:
+        torch._dynamo.maybe_mark_dynamic(tokens, 0)
+        torch._dynamo.maybe_mark_dynamic(parents, 0)
+    for t in (*getattr(cache, "keys", ()), *getattr(cache, "values", ())):
+        if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[1] > 1:
+            torch._dynamo.maybe_mark_dynamic(t, 1)
+
+
 def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, graph, stop_at_eos,
             trace=None) -> GenerateResult:
     B, sb, mask_id, eos_id = _model_consts(model)
@@ -147,14 +159,7 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
                 rows = X.unsqueeze(0)
                 parents = [-1]
             tokens, parent_ids = rows.to(dev), torch.tensor(parents, dtype=torch.long, device=dev)
-            # The branch count and the prefix length change from call to call: a compiled model should
-            # trace them as dynamic from the start (one graph, not one per size).
-            if len(parents) > 1:
-                torch._dynamo.maybe_mark_dynamic(tokens, 0)
-                torch._dynamo.maybe_mark_dynamic(parent_ids, 0)
-            for t in (*getattr(cache, "keys", ()), *getattr(cache, "values", ())):
-                if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[1] > 1:
-                    torch._dynamo.maybe_mark_dynamic(t, 1)
+            mark_dynamic_shapes(tokens, parent_ids, cache)
             logits = model(tokens, parent_ids, cache)
             nfe += 1
             conf, tok = confidence(logits, mask_id)
