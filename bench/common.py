@@ -29,7 +29,7 @@ def versions() -> dict[str, Any]:
         info["gpu"] = torch.cuda.get_device_name()
         try:
             info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                            capture_output=True, text=True, timeout=20).stdout.strip()
+                                            capture_output=True, text=True, timeout=20).stdout.split("\n")[0].strip()  # one line per GPU
         except Exception:
             info["driver"] = None
     return info

@@ -37,7 +37,10 @@ MODELS = ("fast-dllm-v2-1.5b", "fast-dllm-v2-7b", "nld-3b")
 # --cpu-dry-run swaps these for tiny presets on the CPU (torch kernels, no CUDA graphs) to check the
 # suites' logic before spending GPU time; its numbers mean nothing.
 DEVICE, KERNELS, SHAPE = "cuda", "triton", {}
-CHANGED_FOR_RATIO = {0.1: 2, 0.25: 6, 0.5: 14}  # positions changed per draft -> about that recompute ratio
+# Positions changed per draft (of 32) -> about that recompute ratio. 0.3 and 0.35 sit on either side of
+# where the default dense_fraction starts spilling at N = 9..33, so interpolating between points (the
+# end_to_end projection) does not smear that step.
+CHANGED_FOR_RATIO = {0.1: 2, 0.25: 6, 0.3: 9, 0.35: 11, 0.5: 14}
 TAU = 0.3
 
 
@@ -243,7 +246,8 @@ def suite_per_check(args) -> list[dict]:
                                     first_call_s[mode] = time.monotonic() - t0
                                 ms, cg = time_cuda_graph(lambda: fn(tokens, parents, cache))
                             add({**base, "mode": mode, "recompute_ratio": ratio, "ms": ms, "cuda_graph": cg,
-                                         "target_ratio": target, "first_call_s": first_call_s[mode]})
+                                         "target_ratio": target, "first_call_s": first_call_s[mode],
+                                         "dense_fraction": args.dense_fraction})
                 except Exception as exc:  # keep measuring the rest; record why this one failed
                     traceback.print_exc()
                     add({**base, "mode": "error", "error": repr(exc)[:300]})
