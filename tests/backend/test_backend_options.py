@@ -78,7 +78,7 @@ def test_bad_option_values_name_the_option(options, name):
 
 def test_inductor_auto_and_dense_fraction_defaults():
     s = SpecFoldSettings.from_options({})
-    assert s.inductor is None and s.dense_fraction == 0.3
+    assert s.inductor is None and s.dense_fraction == 0.45
     assert SpecFoldSettings.from_options({"inductor": False, "dense_fraction": 1}).dense_fraction == 1.0
 
 
