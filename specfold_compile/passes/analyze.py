@@ -313,6 +313,12 @@ def find_regions(gm: GraphModule, settings: Any = None) -> GraphModule:
         return gm
     marker = markers[0]
     analysis.marker, analysis.parents = marker, marker.args[1]
+    shape = _shape(marker)
+    if shape is not None and type(shape[0]) is int and shape[0] == 1:
+        # torch.compile specialises N = 1 (the first call of every block): row 0 is always computed, so
+        # gates and packing would only add launches to the plain graph.
+        analysis.skip_reason = "one branch (N = 1): every row is the main row, nothing to fold"
+        return gm
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
 
     h = marker

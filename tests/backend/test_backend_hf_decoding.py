@@ -79,7 +79,8 @@ def test_specfold_tau0_decodes_spiffy_tokens(family):
     compiled = torch.compile(model, backend="specfold", options={"tau": 0.0})
     with collect_stats() as s:
         folded = generate(compiled, prompt, **kwargs)
-    assert s.calls == len(folded.steps), "every verification forward ran the folded graph"
+    # Every multi-branch verification ran the folded graph; N = 1 calls (nothing to fold) run the plain one.
+    assert s.calls == sum(step.branches > 1 for step in folded.steps) > 0
     assert s.folded_rows == 0
     assert folded.tokens == eager.tokens
     assert folded.nfe == eager.nfe

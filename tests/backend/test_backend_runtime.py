@@ -205,8 +205,8 @@ def test_stats_accumulate_over_calls_and_keep_last_masks(model_cache):
 def test_stats_single_branch(model_cache):
     model, cache = model_cache
     tokens, parents = make_tree(model, 1, "random", 0)
-    _, s, _ = compile_run(model, tokens, parents, cache, tau=0.3)
-    assert math.isnan(s.recompute_ratio) and s.folded_rows == 0 and s.chain_lengths == {}
+    _, s, compiled = compile_run(model, tokens, parents, cache, tau=0.3)  # checks that no gate ran
+    assert math.isnan(s.recompute_ratio) and s.folded_rows == 0 and s.chain_lengths == {} and s.calls == 0
 
 
 # --- Triton kernels (interpreter on CPU) -----------------------------------------------------------

@@ -309,6 +309,19 @@ def test_fold_off_only_strips_the_marker():
     assert_close(_output(gm(*inputs)), model(tokens, parents, cache), tol=1e-6)
 
 
+def test_one_branch_graph_only_strips_the_marker():
+    # N = 1 (specialised by torch.compile): nothing can fold, so no gate, packing or kernel is added.
+    model = ModelSpec(family="fast-dllm-v2", layers=2, seed=5).build()
+    cache = make_cache(model, seed=2)
+    tokens, parents = make_tree(model, 1, "random", 0)
+    gm, inputs = capture_graph(model, tokens, parents, cache)
+    before = count(gm)
+    gm = compile_graph(gm, SpecFoldSettings(tau=TAU))
+    assert diff(before, count(gm)) == {MARKER: -1}
+    assert "N = 1" in gm.meta["specfold"].skip_reason and not gm.meta["specfold"].foldable
+    assert_close(_output(gm(*inputs)), model(tokens, parents, cache), tol=1e-6)
+
+
 def test_passes_leave_a_graph_without_marker_alone():
     lin = torch.nn.Linear(4, 4)
     x = torch.randn(2, 4)
