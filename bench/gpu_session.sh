@@ -4,7 +4,9 @@
 #   ARGS go to the part's bench.run command, e.g. --budget 280; the per_check parts of different models can
 #   run side by side on a 2-GPU machine, one CUDA_VISIBLE_DEVICES each)
 # then merge the per_check parts: python -m bench.plot bench/results/h200/per_check.json OUT/*/per_check.json
-# Budget note (H200): an Inductor compile of a real shape takes 30-70 s, and a new N or prefix recompiles once.
+# Budget note (H200): an Inductor compile of a real shape takes 25-85 s; per_check marks N and the prefix
+# dynamic, so one model's full per_check takes 150-270 s (session 4). $OUT sub-folder names: letters,
+# digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
 part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|memory|end_to_end|kernels|kernels_linear|gate_flags [ARGS...]}
 shift
