@@ -8,7 +8,7 @@
 # dynamic, so one model's full per_check takes 150-270 s (session 4). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|memory|end_to_end|kernels|kernels_linear|gate_flags [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|memory|end_to_end|kernels|kernels_linear|gate_flags|min_spill [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -34,5 +34,12 @@ case "$part" in
                   run --suite breakdown --breakdown-modes dense,specfold,specfold_graph_flags --models fast-dllm-v2-1.5b
                   run --suite per_check --models fast-dllm-v2-1.5b --ns 5,17,33 --prefixes 512 --no-inductor \
                     --specfold-graph-flags --ratios 0.25 --budget 240 ;;
+  min_spill)      # options["min_spill_us"]=2 (no spill launch where cuBLAS on every row is estimated to cost
+                  # < 2 us more) against the default 0: per check at 1.5B / 7B, then the tiny model end to end
+                  for us in 0 2; do
+                    OUT="$OUT/us$us" python -m bench.run --suite per_check --models fast-dllm-v2-1.5b,fast-dllm-v2-7b \
+                      --prefixes 512 --ns 5,17,33 --no-inductor --min-spill-us $us --budget 200 "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
+                  done
+                  run --suite end_to_end --limit 20 --draft-budget 16 --latencies bench/results/h200/per_check.json --min-spill-us 2 ;;
   *) echo "unknown part: $part" >&2; exit 2 ;;
 esac

@@ -178,7 +178,8 @@ def suite_per_check(args) -> list[dict]:
         torch._dynamo.reset()
         model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
         cfg = model.config
-        options = {"tau": TAU, "kernels": KERNELS, "fold_head": args.fold_head, "dense_fraction": args.dense_fraction}
+        options = {"tau": TAU, "kernels": KERNELS, "fold_head": args.fold_head, "dense_fraction": args.dense_fraction,
+                   "min_spill_us": args.min_spill_us}
         folded = torch.compile(model, backend=specfold_backend, options=options)
         # Ablations, each its own mode: the rewritten graph without the default Inductor lowering on
         # CUDA; the gate's fold flags computed in the graph (options["gate_flags"]="graph").
@@ -248,7 +249,7 @@ def suite_per_check(args) -> list[dict]:
                                 ms, cg = time_cuda_graph(lambda: fn(tokens, parents, cache))
                             add({**base, "mode": mode, "recompute_ratio": ratio, "ms": ms, "cuda_graph": cg,
                                          "target_ratio": target, "first_call_s": first_call_s[mode],
-                                         "dense_fraction": args.dense_fraction})
+                                         "dense_fraction": args.dense_fraction, "min_spill_us": args.min_spill_us})
                 except Exception as exc:  # keep measuring the rest; record why this one failed
                     traceback.print_exc()
                     add({**base, "mode": "error", "error": repr(exc)[:300]})
@@ -333,6 +334,7 @@ def suite_breakdown(args) -> list[dict]:
                 fn = model.verify
             else:
                 options = {"tau": TAU, "kernels": KERNELS, "dense_fraction": args.dense_fraction,
+                           "min_spill_us": args.min_spill_us,
                            **({"inductor": False} if mode == "specfold_no_inductor" else {}),
                            **({"gate_flags": "graph"} if mode == "specfold_graph_flags" else {})}
                 fn = torch.compile(model, backend=specfold_backend, options=options)
@@ -432,7 +434,8 @@ def suite_end_to_end(args) -> list[dict]:
     model = load_model(None, device=DEVICE)
     graph_file = Path(DEFAULT_MODEL_DIR) / "draft_graph.json"
     graph = str(graph_file) if graph_file.is_file() else None
-    folded = torch.compile(model, backend=specfold_backend, options={"tau": 0.1, "kernels": KERNELS})
+    folded = torch.compile(model, backend=specfold_backend,
+                           options={"tau": 0.1, "kernels": KERNELS, "min_spill_us": args.min_spill_us})
     limit = min(args.limit, 10) if args.quick else args.limit
     rows = []
     for task in TASKS:
@@ -501,6 +504,8 @@ def main(argv=None) -> int:
                     help="per_check: add SpecFold with options['gate_flags']='graph' (mode specfold_graph_flags)")
     ap.add_argument("--dense-fraction", type=float, default=SpecFoldSettings().dense_fraction,
                     help="SpecFold options['dense_fraction'] (default: the backend's)")
+    ap.add_argument("--min-spill-us", type=float, default=SpecFoldSettings().min_spill_us,
+                    help="SpecFold options['min_spill_us'] (per_check, breakdown, end_to_end; default: the backend's)")
     ap.add_argument("--fold-head", action="store_true", help="per_check: SpecFold with options['fold_head']")
     ap.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes on the CPU, to test the suites")
     ap.add_argument("--models", type=lambda v: tuple(v.split(",")), default=None,

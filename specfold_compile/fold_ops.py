@@ -150,18 +150,38 @@ DENSE_LINEAR_MIN_ROWS = 128
 DENSE_LINEAR_ROW_MULTIPLE = 64  # keeps the cuBLAS part on whole row tiles of the spill kernel
 
 
-def dense_rows(rows: int, dense_fraction: float) -> int:
-    """How many leading packed rows a packed linear hands to cuBLAS (a shape-only decision)."""
+# The H200's roofline for one bf16 GEMM (the ceilings bench/common.py uses), only to estimate what the
+# rows past the cuBLAS head would add if cuBLAS took them too (``min_spill_us``).
+GEMM_BYTES_PER_S, GEMM_FLOPS_PER_S = 4.3e12, 790e12
+
+
+def _gemm_us(rows: int, k: int, m: int, itemsize: int) -> float:
+    return 1e6 * max(k * m * itemsize / GEMM_BYTES_PER_S, 2.0 * rows * k * m / GEMM_FLOPS_PER_S)
+
+
+def dense_rows(rows: int, dense_fraction: float, weight_shape: tuple[int, int] | None = None,
+               min_spill_us: float = 0.0, itemsize: int = 2) -> int:
+    """How many leading packed rows a packed linear hands to cuBLAS (a shape-only decision).
+
+    With ``min_spill_us > 0`` and the weight's ``(out, in)`` shape: every row, when cuBLAS on all rows is
+    estimated to cost less than ``min_spill_us`` more than on the head alone, since the spill launch
+    costs about that much even when it has nothing to do (small weights: k/v projections, tiny models).
+    """
     if dense_fraction >= 1.0:
         return rows
     step = DENSE_LINEAR_ROW_MULTIPLE
     want = max(DENSE_LINEAR_MIN_ROWS, -(-math.ceil(dense_fraction * rows) // step) * step)
-    return min(rows, want)
+    head = min(rows, want)
+    if head < rows and min_spill_us > 0 and weight_shape is not None:
+        m, k = weight_shape
+        if _gemm_us(rows, k, m, itemsize) - _gemm_us(head, k, m, itemsize) < min_spill_us:
+            return rows
+    return head
 
 
 @torch.library.custom_op("specfold::packed_linear", mutates_args=())
 def packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None, count: Tensor, dense_fraction: float,
-                  impl: str) -> Tensor:
+                  impl: str, min_spill_us: float = 0.0) -> Tensor:
     """``F.linear`` on the first ``count`` packed rows; the work shrinks with the recompute ratio.
 
     Triton impl: the first ``dense_rows(R, dense_fraction)`` rows go to cuBLAS unconditionally (its
@@ -170,7 +190,7 @@ def packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None, count: Tensor,
     """
     if impl == "triton":
         rows, k = x.shape[0], x.shape[-1]
-        head = dense_rows(rows, dense_fraction)
+        head = dense_rows(rows, dense_fraction, tuple(weight.shape), min_spill_us, x.element_size())
         if head == rows:
             return torch.nn.functional.linear(x, weight, bias)
         x2 = x.reshape(rows, k)
@@ -189,7 +209,7 @@ def packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None, count: Tensor,
 
 
 @packed_linear.register_fake
-def _packed_linear_fake(x, weight, bias, count, dense_fraction, impl):
+def _packed_linear_fake(x, weight, bias, count, dense_fraction, impl, min_spill_us=0.0):
     return x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],))
 
 

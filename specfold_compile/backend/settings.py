@@ -51,6 +51,12 @@ class SpecFoldSettings:
                           holds 159 of the 161 folded calls of the task suite at tau = 0.1 (0.3: 141);
                           against 0.3 it costs 0-12% at low ratios and saves 33-40% at ratios 0.34-0.44
                           (H200, README "dense_fraction").
+    min_spill_us:         with Triton kernels, a packed linear skips its spill launch and gives cuBLAS
+                          every row when that is estimated (from the weight's shape at the H200's
+                          bandwidth and bf16 rate) to cost less than this many microseconds more than
+                          the head alone: a spill launch costs ~2 us even with nothing to do, more than
+                          the extra rows of a small weight (k/v projections, tiny models). 0 (default)
+                          = always split; built and tested, not yet measured on the GPU.
     """
 
     tau: float = 0.1
@@ -65,6 +71,7 @@ class SpecFoldSettings:
     fold_head: bool = False
     inductor: bool | None = None
     dense_fraction: float = 0.45
+    min_spill_us: float = 0.0
 
     def __post_init__(self) -> None:
         try:
@@ -89,6 +96,10 @@ class SpecFoldSettings:
         if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 <= frac <= 1.0:
             raise ValueError(f"options['dense_fraction']: expected a number in [0, 1], got {frac!r}")
         object.__setattr__(self, "dense_fraction", float(frac))
+        us = self.min_spill_us
+        if isinstance(us, bool) or not isinstance(us, (int, float)) or not 0.0 <= us < math.inf:
+            raise ValueError(f"options['min_spill_us']: expected a finite number >= 0, got {us!r}")
+        object.__setattr__(self, "min_spill_us", float(us))
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None) -> "SpecFoldSettings":

@@ -41,7 +41,8 @@ def lower_kernels(gm: GraphModule, settings: Any) -> GraphModule:
             bias = lin.args[2] if len(lin.args) > 2 else lin.kwargs.get("bias")
             with graph.inserting_before(lin):
                 packed = graph.call_function(fold_ops.PACKED_LINEAR, (x, weight, bias, plan["count"],
-                                                                       settings.dense_fraction, impl))
+                                                                       settings.dense_fraction, impl,
+                                                                       settings.min_spill_us))
             packed.meta.update(lin.meta)
             lin.replace_all_uses_with(packed)
             graph.erase_node(lin)

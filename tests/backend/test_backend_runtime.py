@@ -212,8 +212,9 @@ def test_stats_single_branch(model_cache):
 # --- Triton kernels (interpreter on CPU) -----------------------------------------------------------
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy scalar conversion inside the interpreter
-@pytest.mark.parametrize("dense_fraction", [0.0, 0.3, 1.0], ids=["triton-gemm", "split", "cublas"])
-def test_triton_kernels_match_torch_kernels_and_reference(dense_fraction, monkeypatch):
+@pytest.mark.parametrize("dense_fraction, min_spill_us", [(0.0, 0.0), (0.3, 0.0), (1.0, 0.0), (0.3, 2.0)],
+                         ids=["triton-gemm", "split", "cublas", "split-skipped"])
+def test_triton_kernels_match_torch_kernels_and_reference(dense_fraction, min_spill_us, monkeypatch):
     from specfold_compile import kernels
 
     # tiny shapes: let the cuBLAS/Triton split of the packed linears fall inside 24 rows
@@ -225,8 +226,13 @@ def test_triton_kernels_match_torch_kernels_and_reference(dense_fraction, monkey
     cache = make_cache(model, prompt_len=3)
     tokens, parents = make_tree(model, 3, "realistic", 4)
     out_t, s_t, _ = compile_run(model, tokens, parents, cache, tau=0.3, kernels="torch")
+    spills = []
+    real_spill = kernels.packed_linear
+    monkeypatch.setattr(kernels, "packed_linear", lambda *a, **k: spills.append(1) or real_spill(*a, **k))
     out_k, s_k, _ = compile_run(model, tokens, parents, cache, tau=0.3, kernels="triton",
-                                dense_fraction=dense_fraction)
+                                dense_fraction=dense_fraction, min_spill_us=min_spill_us)
+    # 1.0: cuBLAS on every row; min_spill_us: these tiny GEMMs cost far less than a spill launch
+    assert (len(spills) == 0) == (dense_fraction == 1.0 or min_spill_us > 0)
     assert s_k.folded_rows > 0
     assert all(torch.equal(a, b) for a, b in zip(s_t.fold_masks, s_k.fold_masks))
     assert_close(out_k, out_t, what="triton vs torch kernels")

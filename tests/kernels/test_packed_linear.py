@@ -55,8 +55,10 @@ def test_packed_linear_skips_tiles_beyond_count():
 @settings(deadline=None, max_examples=20)
 @given(R=st.integers(1, 40), K=st.integers(1, 40), M=st.integers(1, 40), bias=st.booleans(),
        dense_fraction=st.sampled_from([0.0, 0.1, 0.3, 0.5, 1.0]), multiple=st.sampled_from([1, 4, 16]),
-       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1))
-def test_packed_linear_op_cublas_head_and_triton_spill(R, K, M, bias, dense_fraction, multiple, dtype, seed):
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1),
+       min_spill_us=st.sampled_from([0.0, 0.0, 2.0]))
+def test_packed_linear_op_cublas_head_and_triton_spill(R, K, M, bias, dense_fraction, multiple, dtype, seed,
+                                                       min_spill_us):
     """fold_ops.packed_linear (Triton impl): cuBLAS on the first dense_rows(R) rows, the count-aware
     kernel on the rest; every row below count must match the reference wherever the split falls."""
     from unittest import mock
@@ -65,17 +67,19 @@ def test_packed_linear_op_cublas_head_and_triton_spill(R, K, M, bias, dense_frac
 
     with mock.patch.object(fold_ops, "DENSE_LINEAR_MIN_ROWS", 0), \
             mock.patch.object(fold_ops, "DENSE_LINEAR_ROW_MULTIPLE", multiple):
-        _check_packed_linear_op(fold_ops, R, K, M, bias, dense_fraction, multiple, dtype, seed)
+        _check_packed_linear_op(fold_ops, R, K, M, bias, dense_fraction, multiple, dtype, seed, min_spill_us)
 
 
-def _check_packed_linear_op(fold_ops, R, K, M, bias, dense_fraction, multiple, dtype, seed):
+def _check_packed_linear_op(fold_ops, R, K, M, bias, dense_fraction, multiple, dtype, seed, min_spill_us=0.0):
     gen = torch.Generator().manual_seed(seed)
     x = randn(R, 1, K, dtype=dtype, gen=gen)
     w = randn(M, K, dtype=dtype, gen=gen, scale=K ** -0.5)
     b = randn(M, dtype=dtype, gen=gen) if bias else None
     c = int(torch.randint(0, R + 1, (1,), generator=gen))
-    y = fold_ops.packed_linear(x, w, b, torch.tensor(c, device=DEVICE), dense_fraction, "triton")
-    head = fold_ops.dense_rows(R, dense_fraction)
+    y = fold_ops.packed_linear(x, w, b, torch.tensor(c, device=DEVICE), dense_fraction, "triton", min_spill_us)
+    head = fold_ops.dense_rows(R, dense_fraction, (M, K), min_spill_us, x.element_size())
+    if min_spill_us > 0:  # these weights are tiny: the whole GEMM costs less than a spill launch
+        assert head == R
     assert 0 <= head <= R and (head == R or head % multiple == 0)
     assert y.shape == (R, 1, M) and y.dtype == dtype
     ref = packed_linear_ref(x, w, b)
@@ -91,6 +95,22 @@ def test_dense_rows_rule():
     assert fold_ops.dense_rows(100, 0.3) == 100          # capped at the row count
     assert fold_ops.dense_rows(544, 1.0) == 544
     assert fold_ops.dense_rows(544, 0.0) == 128
+
+
+def test_dense_rows_skips_spills_cheaper_than_a_launch():
+    from specfold_compile import fold_ops
+
+    rows, frac = 544, 0.45  # N = 17: a 256-row head
+    assert fold_ops.dense_rows(rows, frac, (256, 256), 0.0) == 256        # off by default
+    assert fold_ops.dense_rows(rows, frac, (256, 256), 2.0) == rows       # tiny model: ~0.1 us of GEMM
+    assert fold_ops.dense_rows(rows, frac, (256, 1536), 2.0) == rows      # 1.5B k/v: +0.3 us
+    assert fold_ops.dense_rows(rows, frac, (1536, 1536), 2.0) == rows     # 1.5B q: +1.7 us
+    assert fold_ops.dense_rows(rows, frac, (8960, 1536), 2.0) == 256      # 1.5B gate/up: +10 us
+    assert fold_ops.dense_rows(rows, frac, (3584, 3584), 2.0) == 256      # 7B q/o: +9.3 us
+    assert fold_ops.dense_rows(1056, frac, (1536, 1536), 2.0) == 512      # 1.5B q at N = 33: +3.1 us
+    # The estimate itself: weight-read-bound below the ridge, FLOP-bound above it.
+    assert fold_ops._gemm_us(1, 1536, 1536, 2) == pytest.approx(1536 * 1536 * 2 / 4.3e12 * 1e6)
+    assert fold_ops._gemm_us(544, 1536, 1536, 2) == pytest.approx(2 * 544 * 1536 * 1536 / 790e12 * 1e6)
 
 
 def test_autotune_hooks_time_real_work_and_restore_the_count():

@@ -256,7 +256,7 @@ def test_lower_kernels_makes_packed_linears(run):
     assert linears(st.after) == L + 1
     for node in run.gm.graph.nodes:
         if node.target is PACKED_LINEAR:
-            assert node.args[4:] == (SpecFoldSettings().dense_fraction, "torch")
+            assert node.args[4:] == (SpecFoldSettings().dense_fraction, "torch", SpecFoldSettings().min_spill_us)
         if node.target is GATE:
             assert node.args[5] == "torch"
         if node.target is FOLDED:
@@ -276,7 +276,8 @@ def test_strip_marker_removes_only_the_marker(run):
 @pytest.mark.parametrize("kernels, impl", [("triton", "triton"), ("auto", "torch")])
 def test_lower_kernels_impl_choice(kernels, impl):
     run = run_pipeline(family="fast-dllm-v2", layers=1, kernels=kernels)  # not executed: choice only
-    impls = [n.args[-1] for n in run.gm.graph.nodes if n.target in (GATE, FOLDED, PACKED_LINEAR)]
+    impl_arg = {GATE: 5, FOLDED: 8, PACKED_LINEAR: 5}  # where each op's schema takes impl
+    impls = [n.args[impl_arg[n.target]] for n in run.gm.graph.nodes if n.target in impl_arg]
     assert len(impls) == 1 + 1 + 6 and set(impls) == {impl}
     assert f"kernels={impl}" in run.analysis.layers[0].rewritten[-1]
 
