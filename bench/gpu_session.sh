@@ -4,6 +4,7 @@
 #   ARGS go to the part's bench.run command, e.g. --budget 280; the per_check parts of different models can
 #   run side by side on a 2-GPU machine, one CUDA_VISIBLE_DEVICES each)
 # then merge the per_check parts: python -m bench.plot bench/results/h200/per_check.json OUT/*/per_check.json
+# (except ablation parts such as min_spill, whose runs use other options: keep those in files of their own)
 # Budget note (H200): an Inductor compile of a real shape takes 25-85 s; per_check marks N and the prefix
 # dynamic, so one model's full per_check takes 150-270 s (session 4). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).

@@ -3,7 +3,9 @@
 ``python -m bench.plot bench/results/h200/per_check.json`` writes ``per_check.png`` next to it;
 ``python -m bench.plot OUT.json IN1.json IN2.json ...`` first merges the rows of several runs (e.g. one
 device call per model) into OUT.json; a later run's row replaces an earlier row of the same point
-(model, prefix, N, mode, target ratio), so OUT.json may also be one of the inputs.
+(model, prefix, N, mode, target ratio). An existing OUT.json is merged first, so its other points stay
+(delete it to start over). One per_check JSON holds one configuration of options: ablations (another
+``--dense-fraction``, say) go to files of their own.
 """
 
 from __future__ import annotations
@@ -78,7 +80,16 @@ def merge_results(out: str | Path, inputs: list[str | Path]) -> Path:
     return Path(out)
 
 
+def main(argv: list[str]) -> Path:
+    """``OUT [IN ...]``: merge the inputs into OUT (after what OUT already holds), then plot OUT."""
+    out = Path(argv[0] if argv else "bench/results/per_check.json")
+    inputs = argv[1:]
+    if inputs:
+        if out.is_file() and not any(Path(p).resolve() == out.resolve() for p in inputs):
+            inputs = [str(out), *inputs]  # keep what OUT already holds
+        merge_results(out, inputs)
+    return plot_per_check(out)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) > 2:
-        merge_results(sys.argv[1], sys.argv[2:])
-    print(plot_per_check(sys.argv[1] if len(sys.argv) > 1 else "bench/results/per_check.json"))
+    print(main(sys.argv[1:]))

@@ -1,6 +1,6 @@
 import json
 
-from bench.plot import merge_results, plot_per_check
+from bench.plot import main, merge_results, plot_per_check
 
 
 def test_per_check_plot_writes_png(tmp_path):
@@ -38,3 +38,17 @@ def test_merge_later_runs_replace_the_same_point(tmp_path):
     merge_results(out, [out, new])  # merging into itself keeps the run headers, adds the new one
     assert len(json.loads(out.read_text())["rows"]) == 4
     assert [h["seconds"] for h in json.loads(out.read_text())["runs"]] == [1, 2, 2]
+
+
+def test_cli_merge_keeps_what_out_already_holds(tmp_path):
+    def run(path, rows):
+        path.write_text(json.dumps({"versions": {}, "suite": "per_check", "seconds": 1, "rows": rows}))
+        return str(path)
+
+    row = {"model": "m", "prefix": 512, "mode": "dense", "target_ratio": None, "cuda_graph": True}
+    out = tmp_path / "per_check.json"
+    run(out, [{**row, "n_branches": 1, "ms": 4.0}, {**row, "n_branches": 5, "ms": 5.0}])
+    new = run(tmp_path / "new.json", [{**row, "n_branches": 5, "ms": 4.5}, {**row, "n_branches": 9, "ms": 6.0}])
+    assert main([str(out), new]).is_file()
+    ms = {r["n_branches"]: r["ms"] for r in json.loads(out.read_text())["rows"]}
+    assert ms == {1: 4.0, 5: 4.5, 9: 6.0}
