@@ -35,6 +35,24 @@ def test_dynamic_n_recompiles_at_most_once(model_cache):
     assert 1 <= len(backend.graphs) <= 2, f"{len(backend.graphs)} graphs compiled for N = 3, 5, 7, 9"
 
 
+def test_marked_dynamic_n_and_prefix_compile_one_graph(model_cache):
+    """What generate() and bench.run do: with N and the prefix length marked dynamic up front, new
+    branch counts and a longer prefix reuse the first N > 1 graph."""
+    from specfold_compile.decoding import mark_dynamic_shapes
+
+    model, _ = model_cache
+    backend = CountingBackend(tau=0.3)
+    compiled = torch.compile(model, backend=backend)
+    for n_rows, prompt_len in ((3, 7), (5, 7), (9, 23), (4, 40)):
+        cache = make_cache(model, prompt_len=prompt_len)
+        tokens, parents = make_tree(model, n_rows, "realistic", n_rows)
+        mark_dynamic_shapes(tokens, parents, cache)
+        with collect_stats() as s:
+            compiled(tokens, parents, cache)
+        assert s.calls == 1
+    assert len(backend.graphs) == 1, f"{len(backend.graphs)} graphs compiled"
+
+
 def test_dynamic_n_unique_graphs_counter(model_cache):
     from torch._dynamo.utils import counters
 
