@@ -21,6 +21,7 @@ import _common as C  # noqa: E402  (sets TRITON_INTERPRET on CPU before the kern
 import torch  # noqa: E402
 
 from specfold_compile import fold_ops  # noqa: E402
+from specfold_compile.backend.settings import SpecFoldSettings  # noqa: E402
 from specfold_compile.kernels.packed_linear import packed_linear  # noqa: E402
 from specfold_compile.kernels.packed_linear_ref import packed_linear_ref  # noqa: E402
 
@@ -36,7 +37,7 @@ def layers(m):
 
 
 FRACTIONS = (1.0, 0.44, 0.25)
-DENSE_FRACTION = 0.3  # the backend's default options["dense_fraction"]
+DENSE_FRACTION = SpecFoldSettings().dense_fraction  # the backend's default (0.3 for the session-3 JSONs)
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -88,7 +89,7 @@ def main(argv=None):
                                      torch_linear_ms=torch_ms, **fl, frac_of_floor=fl["floor_ms"] / ms,
                                      max_rel_err=err, op_ms=op_ms, op_max_rel_err=op_err, dense_ms=dense_ms,
                                      op_over_dense=op_ms / dense_ms,
-                                     head_rows=fold_ops.dense_rows(R, DENSE_FRACTION)))
+                                     head_rows=fold_ops.dense_rows(R, DENSE_FRACTION), dense_fraction=DENSE_FRACTION))
     return C.emit("packed_linear", rows + summarize(rows), args)
 
 
