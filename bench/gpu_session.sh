@@ -36,11 +36,12 @@ case "$part" in
                   run --suite per_check --models fast-dllm-v2-1.5b --ns 5,17,33 --prefixes 512 --no-inductor \
                     --specfold-graph-flags --ratios 0.25 --budget 240 ;;
   min_spill)      # options["min_spill_us"]=2 (no spill launch where cuBLAS on every row is estimated to cost
-                  # < 2 us more) against the default 0: per check at 1.5B / 7B, then the tiny model end to end
-                  for us in 0 2; do
-                    OUT="$OUT/us$us" python -m bench.run --suite per_check --models fast-dllm-v2-1.5b,fast-dllm-v2-7b \
-                      --prefixes 512 --ns 5,17,33 --no-inductor --min-spill-us $us --budget 200 "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
-                  done
-                  run --suite end_to_end --limit 20 --draft-budget 16 --latencies bench/results/h200/per_check.json --min-spill-us 2 ;;
+                  # < 2 us more) against the default 0, per check at 1.5B / 7B (~7 min); the tiny model end to
+                  # end with it: the end_to_end part with --min-spill-us 2 (on the other GPU of an x2 machine)
+                  for m in fast-dllm-v2-1.5b fast-dllm-v2-7b; do for us in 0 2; do
+                    OUT="$OUT/${m}_us$us" python -m bench.run --suite per_check --models $m --prefixes 512 \
+                      --ns 5,9,17,33 --no-inductor --min-spill-us $us --budget 150 "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
+                    rm -f "$OUT/${m}_us$us/per_check.png"
+                  done; done ;;
   *) echo "unknown part: $part" >&2; exit 2 ;;
 esac
