@@ -386,36 +386,13 @@ class _CallRecorder:
         return [(n, 1.0 if n == 1 or not s.layers else s.recompute_ratio) for n, s in self.calls]
 
 
-def _latency_rows(name: str, ns: list[int], deadline: Deadline) -> list[dict]:
-    """per_check-style rows (dense and SpecFold at ~3 ratios) at a real shape, prefix 512, for the Ns
-    a decoding run used."""
-    torch._dynamo.reset()
-    model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
-    folded = torch.compile(model, backend=specfold_backend, options={"tau": TAU, "kernels": KERNELS})
-    cache = _prefix(model, 512, 1)
-    rows = []
-    with torch.no_grad():
-        for n_rows in ns:
-            if deadline.left() < 15:
-                break
-            base = {"model": name, "prefix": 512, "n_branches": n_rows}
-            tokens, parents = _inputs(model, n_rows, 4, n_rows, cache)
-            rows.append({**base, "mode": "dense", "recompute_ratio": 1.0,
-                         "ms": time_cuda_graph(lambda: model.verify(tokens, parents, cache))[0]})
-            if n_rows == 1:  # nothing to fold: the plain graph as backend="specfold" runs it
-                folded(tokens, parents, cache)
-                rows.append({**base, "mode": "specfold", "recompute_ratio": 1.0,
-                             "ms": time_cuda_graph(lambda: folded(tokens, parents, cache))[0]})
-                continue
-            for changed in CHANGED_FOR_RATIO.values():
-                tokens, parents = _inputs(model, n_rows, changed, 7 * n_rows + changed, cache)
-                with collect_stats() as s:
-                    folded(tokens, parents, cache)
-                rows.append({**base, "mode": "specfold", "recompute_ratio": s.recompute_ratio,
-                             "ms": time_cuda_graph(lambda: folded(tokens, parents, cache))[0]})
-    del model, folded, cache
-    torch.cuda.empty_cache()
-    return rows
+def _latency_rows(args, name: str, ns: list[int], deadline: Deadline) -> list[dict]:
+    """per_check rows at a real shape, prefix 512, for the Ns a decoding run used (with this run's
+    SpecFold options, and dense under Inductor when not --no-inductor)."""
+    sub = argparse.Namespace(**{**vars(args), "models": (name,), "ns": tuple(ns), "prefixes": (512,),
+                                "ratios": None, "budget": deadline.left(), "specfold_no_inductor": False,
+                                "specfold_graph_flags": False})
+    return suite_per_check(sub)
 
 
 def suite_end_to_end(args) -> list[dict]:
@@ -478,7 +455,7 @@ def suite_end_to_end(args) -> list[dict]:
         if not args.latencies:
             if deadline.left() < 60:
                 break
-            latency_rows += _latency_rows(shape, ns, deadline)
+            latency_rows += _latency_rows(args, shape, ns, deadline)
         table = table_from_per_check(latency_rows, shape, 512)
         if table["dense"] and table["specfold"]:
             rows += project(rows, table, shape)
