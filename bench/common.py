@@ -13,8 +13,10 @@ from typing import Any, Callable
 
 import torch
 
-COPY_BW = 4.3e12  # bytes/s, device-to-device copy measured on the H200 (REFERENCES.md)
-MATMUL_FLOPS = 790e12  # bf16 FLOP/s measured on the H200 on random data
+# The H200's ceilings (device-to-device copy bytes/s, REFERENCES.md; bf16 FLOP/s on random data), one
+# definition shared with the backend's packed-linear cost estimate.
+from specfold_compile.fold_ops import GEMM_BYTES_PER_S as COPY_BW
+from specfold_compile.fold_ops import GEMM_FLOPS_PER_S as MATMUL_FLOPS
 
 
 def versions() -> dict[str, Any]:

@@ -150,8 +150,9 @@ DENSE_LINEAR_MIN_ROWS = 128
 DENSE_LINEAR_ROW_MULTIPLE = 64  # keeps the cuBLAS part on whole row tiles of the spill kernel
 
 
-# The H200's roofline for one bf16 GEMM (the ceilings bench/common.py uses), only to estimate what the
-# rows past the cuBLAS head would add if cuBLAS took them too (``min_spill_us``).
+# The H200's roofline for one bf16 GEMM (copy bandwidth and bf16 rate measured there; bench/common.py's
+# floors use the same numbers), only to estimate what the rows past the cuBLAS head would add if cuBLAS
+# took them too (``min_spill_us``).
 GEMM_BYTES_PER_S, GEMM_FLOPS_PER_S = 4.3e12, 790e12
 
 
