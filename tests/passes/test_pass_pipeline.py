@@ -299,27 +299,19 @@ def test_attention_correction_off_keeps_branch_attention():
     assert_close(out, ref)
 
 
-def test_fold_off_only_strips_the_marker():
+@pytest.mark.parametrize("n_rows, options", [(3, {"fold": False}), (1, {})], ids=["fold-off", "one-branch"])
+def test_only_the_marker_is_stripped(n_rows, options):
+    # fold=False (the bisection switch), or N = 1 (specialised by torch.compile): nothing can fold, so no
+    # gate, packing or kernel is added.
     model = ModelSpec(family="fast-dllm-v2", layers=2, seed=4).build()
     cache = make_cache(model, seed=3)
-    tokens, parents = make_tree(model, 3, "random", 2)
+    tokens, parents = make_tree(model, n_rows, "random", 2)
     gm, inputs = capture_graph(model, tokens, parents, cache)
     before = count(gm)
-    gm = compile_graph(gm, SpecFoldSettings(tau=TAU, fold=False))
+    gm = compile_graph(gm, SpecFoldSettings(tau=TAU, **options))
     assert diff(before, count(gm)) == {MARKER: -1}
-    assert_close(_output(gm(*inputs)), model(tokens, parents, cache), tol=1e-6)
-
-
-def test_one_branch_graph_only_strips_the_marker():
-    # N = 1 (specialised by torch.compile): nothing can fold, so no gate, packing or kernel is added.
-    model = ModelSpec(family="fast-dllm-v2", layers=2, seed=5).build()
-    cache = make_cache(model, seed=2)
-    tokens, parents = make_tree(model, 1, "random", 0)
-    gm, inputs = capture_graph(model, tokens, parents, cache)
-    before = count(gm)
-    gm = compile_graph(gm, SpecFoldSettings(tau=TAU))
-    assert diff(before, count(gm)) == {MARKER: -1}
-    assert "N = 1" in gm.meta["specfold"].skip_reason and not gm.meta["specfold"].foldable
+    if n_rows == 1:
+        assert "N = 1" in gm.meta["specfold"].skip_reason and not gm.meta["specfold"].foldable
     assert_close(_output(gm(*inputs)), model(tokens, parents, cache), tol=1e-6)
 
 
