@@ -6,8 +6,9 @@ Registered through the ``torch_dynamo_backends`` entry point (pyproject.toml), s
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
-import os
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -16,6 +17,7 @@ import torch
 from torch.fx import GraphModule
 
 from .. import passes
+from . import dispatch
 from .settings import SpecFoldSettings
 from .stats import FoldStats, collect_stats
 
@@ -79,12 +81,20 @@ def compile_graph(gm: GraphModule, settings: SpecFoldSettings) -> GraphModule:
         pipeline = [p for p in pipeline if p[0] in ("find_regions", "strip_marker")]
     if not settings.attention_correction:
         pipeline = [p for p in pipeline if p[0] != "fold_attention"]
-    for step, (name, fn) in enumerate(pipeline):
+    step = 0
+    while step < len(pipeline):
+        name, fn = pipeline[step]
         dumper.graph(step, name, "before", gm)
         gm = fn(gm, settings)
         dumper.graph(step, name, "after", gm)
+        step += 1
         if name == "find_regions":
             analysis = gm.meta["specfold"]
+            if analysis.foldable and settings.fold:
+                analysis.fold_plan = dispatch.fold_plan(gm, settings)
+                analysis.notes.append(analysis.fold_plan.description)
+                if analysis.fold_plan.variants == "plain":  # no call would fold: only strip the marker
+                    pipeline = pipeline[:step] + [p for p in pipeline[step:] if p[0] == "strip_marker"]
             if analysis.skip_reason:
                 log.debug("specfold: graph left unchanged: %s", analysis.skip_reason)
             elif analysis.blockers:
@@ -101,6 +111,9 @@ def specfold_backend(gm: GraphModule, example_inputs: list[Any], options: dict[s
                      mode: str | None = None, **unused: Any) -> Callable:
     """torch.compile backend entry point (``backend="specfold"``)."""
     settings = SpecFoldSettings.from_options(options)
+    # The passes rewrite gm in place; keep the graph as traced in case some calls must run it plain
+    # (shares gm's parameters and buffers: nothing is copied but the graph's nodes).
+    traced = GraphModule(gm, copy.deepcopy(gm.graph))
     gm = compile_graph(gm, settings)
     inductor = settings.inductor
     if inductor is None:  # auto: Inductor fuses the elementwise work between the fold ops on the GPU
@@ -108,8 +121,17 @@ def specfold_backend(gm: GraphModule, example_inputs: list[Any], options: dict[s
 
         inductor = kernels.triton_available() and any(isinstance(t, torch.Tensor) and t.is_cuda
                                                       for t in example_inputs)
-    if inductor:
-        from torch._inductor.compile_fx import compile_fx
 
-        return compile_fx(gm, example_inputs)
-    return gm.forward
+    def lower(graph_module: GraphModule) -> Callable:
+        if inductor:
+            from torch._inductor.compile_fx import compile_fx
+
+            return compile_fx(graph_module, example_inputs)
+        return graph_module.forward
+
+    compiled = lower(gm)
+    plan = getattr(gm.meta["specfold"], "fold_plan", None)
+    if plan is None or plan.variants != "both":
+        return compiled
+    plain = compile_graph(traced, dataclasses.replace(settings, fold=False, dump_dir=None))
+    return dispatch.FoldDispatch(compiled, lower(plain), plan)

@@ -33,8 +33,8 @@ class SpecFoldSettings:
                           Triton kernels, a pass over the residual rows and then the resolve, two
                           launches) or "graph" (as plain tensor ops before the gate op, which Inductor
                           can fuse into the reduction of the layer's input norm; the gate op then only
-                          resolves and compacts, one launch). Same decisions either way. "graph" is
-                          not yet measured on the GPU, so "kernel" stays the default.
+                          resolves and compacts, one launch). Same decisions either way. Measured:
+                          no gain (H200, 1.5B N = 17: 4.26 vs 4.24 ms), so "kernel" stays the default.
     fold_head:            also gate the final norm and LM head (SPEC section 2 option): folded rows take
                           their origin's logits. Off by default.
     inductor:             lower the rewritten graph through Inductor (fuses the norms, RoPE and other
@@ -55,8 +55,16 @@ class SpecFoldSettings:
                           every row when that is estimated (from the weight's shape at the H200's
                           bandwidth and bf16 rate) to cost less than this many microseconds more than
                           the head alone: a spill launch costs ~2 us even with nothing to do, more than
-                          the extra rows of a small weight (k/v projections, tiny models). 0 (default)
-                          = always split; built and tested, not yet measured on the GPU.
+                          the extra rows of a small weight (k/v projections, tiny models). 0 = always
+                          split. Default 2: 2-3% faster than 0 at the 1.5B shape (N = 5-33), within
+                          +-1% at 7B (H200, README "min_spill_us").
+    fold_min_branches:    which calls to fold, by their branch count N. None (default): the cost model
+                          (``backend/dispatch.py``) when the Triton kernels run on CUDA: fold a call
+                          when the rows its linears skip are estimated to save more than folding's
+                          fixed cost per layer, else run the plain graph, compiled alongside (with few
+                          branches the linears are bandwidth-bound and folding only adds launches);
+                          elsewhere (CPU, kernels="torch") fold every multi-branch call. An int k:
+                          fold calls with N >= k, run the plain graph below (2 = fold every call).
     """
 
     tau: float = 0.1
@@ -71,7 +79,8 @@ class SpecFoldSettings:
     fold_head: bool = False
     inductor: bool | None = None
     dense_fraction: float = 0.45
-    min_spill_us: float = 0.0
+    min_spill_us: float = 2.0
+    fold_min_branches: int | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -100,6 +109,9 @@ class SpecFoldSettings:
         if isinstance(us, bool) or not isinstance(us, (int, float)) or not 0.0 <= us < math.inf:
             raise ValueError(f"options['min_spill_us']: expected a finite number >= 0, got {us!r}")
         object.__setattr__(self, "min_spill_us", float(us))
+        k = self.fold_min_branches
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"options['fold_min_branches']: expected None (cost model) or an int >= 1, got {k!r}")
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None) -> "SpecFoldSettings":

@@ -37,6 +37,7 @@ class FoldStats:
         self._layers: list[LayerStats] = []
         self._last_masks: list[Tensor] = []
         self.calls = 0
+        self.plain_calls = 0  # calls the backend ran on the plain graph (too few branches to pay)
 
     def _record(self, gate_index: int, fold: Tensor, parents: Tensor) -> None:
         if gate_index == 0:
@@ -105,6 +106,11 @@ def record_gate(gate_index: int, fold: Tensor, parents: Tensor) -> None:
     if _active and not torch.compiler.is_compiling():
         for s in _active:
             s._record(gate_index, fold, parents)
+
+
+def record_plain_call() -> None:
+    for s in _active:
+        s.plain_calls += 1
 
 
 @contextlib.contextmanager

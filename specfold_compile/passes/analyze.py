@@ -75,6 +75,7 @@ class Analysis:
     tau: Node | None = None
     head: HeadRegion | None = None
     notes: list[str] = field(default_factory=list)
+    fold_plan: Any = None  # backend.dispatch.FoldPlan: which calls fold (set by the backend)
 
     @property
     def foldable(self) -> bool:

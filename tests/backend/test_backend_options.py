@@ -71,6 +71,8 @@ def test_unknown_option_lists_valid_ones(tiny):
     ({"gate_flags": "inductor"}, "gate_flags"), ({"gate_flags": None}, "gate_flags"),
     ({"min_spill_us": -1}, "min_spill_us"), ({"min_spill_us": math.inf}, "min_spill_us"),
     ({"min_spill_us": float("nan")}, "min_spill_us"), ({"min_spill_us": "2"}, "min_spill_us"),
+    ({"fold_min_branches": 0}, "fold_min_branches"), ({"fold_min_branches": 2.5}, "fold_min_branches"),
+    ({"fold_min_branches": True}, "fold_min_branches"), ({"fold_min_branches": "auto"}, "fold_min_branches"),
 ])
 def test_bad_option_values_name_the_option(options, name):
     with pytest.raises((ValueError, TypeError)) as info:
@@ -80,8 +82,9 @@ def test_bad_option_values_name_the_option(options, name):
 
 def test_inductor_auto_and_dense_fraction_defaults():
     s = SpecFoldSettings.from_options({})
-    assert s.inductor is None and s.dense_fraction == 0.45 and s.min_spill_us == 0.0
-    assert SpecFoldSettings.from_options({"min_spill_us": 2}).min_spill_us == 2.0
+    assert s.inductor is None and s.dense_fraction == 0.45 and s.min_spill_us == 2.0 and s.fold_min_branches is None
+    assert SpecFoldSettings.from_options({"min_spill_us": 0}).min_spill_us == 0.0
+    assert SpecFoldSettings.from_options({"fold_min_branches": 9}).fold_min_branches == 9
     assert SpecFoldSettings.from_options({"inductor": False, "dense_fraction": 1}).dense_fraction == 1.0
 
 

@@ -1,0 +1,119 @@
+"""Which calls fold (``options["fold_min_branches"]`` and the cost model): the plain graph runs below the
+threshold, the folded one at and above it, from one Dynamo graph of dynamic N."""
+import pytest
+import torch
+import torch._dynamo
+
+from sf_helpers import CountingBackend, ModelSpec, assert_close, capture_graph, make_cache, make_tree
+from specfold_compile import fold_ops
+from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph, dispatch
+from specfold_compile.decoding import mark_dynamic_shapes
+from specfold_compile.reference import folded_verify
+
+
+@pytest.fixture(scope="module")
+def model_cache():
+    model = ModelSpec(family="fast-dllm-v2", layers=2, seed=3).build()
+    return model, make_cache(model, seed=5)
+
+
+def _calls(compiled, model, cache, ns, tau):
+    """Run each N (marked dynamic), checking each output against what should have run."""
+    for n_rows in ns:
+        tokens, parents = make_tree(model, n_rows, "realistic", n_rows)
+        mark_dynamic_shapes(tokens, parents, cache)
+        with collect_stats() as s:
+            out = compiled(tokens, parents, cache)
+        yield n_rows, s
+        if s.calls:  # folded: the reference with the gates' own decisions
+            ref, _ = folded_verify(model, tokens, parents, cache, tau, fold_masks=s.fold_masks)
+        else:  # plain: the model itself
+            with torch.no_grad():
+                ref = model.verify(tokens, parents, cache)
+        assert_close(out, ref, what=f"N={n_rows}")
+
+
+@pytest.mark.parametrize("inductor", [False, True], ids=["fx", "inductor"])
+def test_fold_min_branches_picks_plain_or_folded_per_call(model_cache, inductor):
+    if inductor:
+        pytest.importorskip("torch._inductor")
+    model, cache = model_cache
+    backend = CountingBackend(tau=0.3, fold_min_branches=5, kernels="torch", inductor=inductor)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    seen = {}
+    for n_rows, s in _calls(compiled, model, cache, (3, 6, 4, 5), 0.3):
+        seen[n_rows] = (s.calls, s.plain_calls, len(s.fold_masks))
+    assert seen == {3: (0, 1, 0), 4: (0, 1, 0), 5: (1, 0, 2), 6: (1, 0, 2)}, seen
+    assert len(backend.graphs) == 1, "one Dynamo graph serves both variants"
+    plan = backend.graphs[0].meta["specfold"].fold_plan
+    assert plan.variants == "both" and plan.n_input is not None
+
+
+def test_static_n_below_threshold_is_not_rewritten(model_cache, tmp_path):
+    model, _ = model_cache
+    cache = make_cache(model, seed=6)  # not marked dynamic: static shapes, real example inputs
+    tokens, parents = make_tree(model, 3, "realistic", 1)
+    gm, inputs = capture_graph(model, tokens, parents, cache)
+    out = compile_graph(gm, SpecFoldSettings(tau=0.3, fold_min_branches=4, dump_dir=str(tmp_path)))
+    targets = [n.target for n in out.graph.nodes if n.op == "call_function"]
+    assert fold_ops.FOLD_GATE not in targets and fold_ops.PACKED_LINEAR not in targets
+    assert out.meta["specfold"].fold_plan.variants == "plain"
+    report = (tmp_path / "regions.txt").read_text()
+    assert "fold_min_branches=4" in report and "N = 3 (static): not folded" in report
+    with torch.no_grad():
+        got = out(*inputs)
+        assert_close(got[0] if isinstance(got, (tuple, list)) else got, model.verify(tokens, parents, cache),
+                     tol=1e-6, what="plain graph")
+    # at or above the threshold the same graph folds
+    gm, _ = capture_graph(model, tokens, parents, cache)
+    out = compile_graph(gm, SpecFoldSettings(tau=0.3, fold_min_branches=3))
+    assert [n.target for n in out.graph.nodes].count(fold_ops.FOLD_GATE) == 2
+
+
+def _cost_model_plan(model, cache, monkeypatch, overhead_us, **options):
+    """The cost model's plan for a dynamic-N graph, as on CUDA with Triton kernels."""
+    monkeypatch.setattr(dispatch, "_cost_model_applies", lambda impl, device: True)
+    monkeypatch.setattr(fold_ops, "FOLD_OVERHEAD_US", overhead_us)
+    tokens, parents = make_tree(model, 3, "realistic", 2)
+    cache = make_cache(model, seed=7)
+    mark_dynamic_shapes(tokens, parents, cache)
+    gm, _ = capture_graph(model, tokens, parents, cache)
+    out = compile_graph(gm, SpecFoldSettings(tau=0.3, kernels="triton", **options))
+    return out.meta["specfold"].fold_plan
+
+
+def test_cost_model_never_folds_a_tiny_model(model_cache, monkeypatch):
+    model, cache = model_cache
+    plan = _cost_model_plan(model, cache, monkeypatch, fold_ops.FOLD_OVERHEAD_US)
+    assert plan.variants == "plain" and not any(plan.decisions.values())
+    assert "cost model" in plan.description
+
+
+def test_cost_model_folds_only_where_it_pays(model_cache, monkeypatch):
+    """With no fixed cost (and no spill skipping, which gives cuBLAS every row of these small weights),
+    folding pays once the dense linears are compute-bound (past the ridge)."""
+    model, cache = model_cache
+    plan = _cost_model_plan(model, cache, monkeypatch, 0.0, min_spill_us=0.0)
+    block = model.config.block_size
+    assert plan.variants == "both"
+    for n, folds in plan.decisions.items():
+        shapes = [(lin.weight.shape[0], lin.weight.shape[1]) for lin in model.modules()
+                  if isinstance(lin, torch.nn.Linear) and lin is not getattr(model, "lm_head", None)]
+        assert folds == (fold_ops.fold_saving_us(n * block, shapes, 0.45, 0.0, 4) > 0), n
+    assert not plan.decisions[2] and plan.decisions[128]
+
+
+@pytest.mark.parametrize("shape, folds_at, not_at", [
+    ("fast-dllm-v2-1.5b", 17, 9), ("fast-dllm-v2-7b", 9, 5), ("nld-3b", 9, 5),
+])
+def test_cost_model_matches_the_measured_crossovers(shape, folds_at, not_at):
+    """H200 (README "Which calls fold"): SpecFold beat dense under Inductor at ``folds_at`` branches
+    and lost at ``not_at``; the estimate must decide the same way."""
+    from specfold_compile.models.config import PRESETS
+
+    cfg = PRESETS[shape]
+    shapes = cfg.packed_linear_shapes() * cfg.num_layers
+    pays = lambda n: fold_ops.fold_pays(n * cfg.block_size, shapes, cfg.num_layers, 0.45, 2.0)  # noqa: E731
+    assert pays(folds_at) and not pays(not_at)
+    assert fold_ops.fold_saving_us(4 * cfg.block_size, shapes, 0.45, 2.0) == 0.0  # bandwidth-bound: no saving
