@@ -6,7 +6,8 @@
 # then merge the per_check parts: python -m bench.plot bench/results/h200/per_check.json OUT/*/per_check.json
 # (except ablation parts such as min_spill, whose runs use other options: keep those in files of their own)
 # Budget note (H200): an Inductor compile of a real shape takes 25-85 s; per_check marks N and the prefix
-# dynamic, so one model's full per_check takes 146-267 s (session 4). $OUT sub-folder names: letters,
+# dynamic, so one model's full per_check took 146-267 s (session 4; session 5 added N = 13 and the plain graph the
+# backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
 part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|memory|end_to_end|kernels|kernels_linear|gate_flags|min_spill [ARGS...]}

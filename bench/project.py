@@ -6,9 +6,12 @@ this module sums, per run, the latency of each call at a real shape, read from p
 on the GPU, plus one dense N = 1 forward for every other forward (prefill, block writes: the decode
 loop runs those on the plain model in every mode). A call costs:
   - vanilla / Spiffy: dense eager at its N (interpolated between measured Ns);
-  - SpecFold: SpecFold interpolated in the recompute ratio, and in N between measured branch counts;
-    at N = 1 (nothing to fold) what ``backend="specfold"`` runs there when per_check measured it (the
-    unfolded graph, lowered through Inductor on CUDA), else dense eager;
+  - SpecFold: what ``backend="specfold"`` runs with its default options. Where its cost model does not
+    fold a call of N branches at this shape (``backend_folds``), the plain graph: dense under Inductor
+    (at N = 1 the specfold row per_check measured, when there is one). Where it folds, SpecFold's folded
+    rows, interpolated in the recompute ratio and in N between measured branch counts. The calls and
+    ratios come from the run that folds every multi-branch call (``specfold_fold_all``) when there is
+    one: on the tiny model the default folds nothing, so only that run has ratios to replay;
   - ``spiffy_compiled`` (an extra projected row, when per_check has ``dense_compiled`` at N = 1 and at
     the run's largest N): Spiffy with its verification calls under ``torch.compile``'s default backend,
     the fair baseline for a compiled SpecFold.
@@ -24,12 +27,24 @@ import argparse
 import json
 from pathlib import Path
 
+from specfold_compile.backend import SpecFoldSettings
+from specfold_compile.backend.dispatch import cost_model_folds
+from specfold_compile.models.config import PRESETS
+
 SHAPES = ("fast-dllm-v2-1.5b", "fast-dllm-v2-7b")
+
+
+def backend_folds(shape: str, n: int) -> bool:
+    """Whether ``backend="specfold"`` (default options, on the GPU) folds a call of n branches at this
+    model shape (bf16 weights): its cost model, from the shape alone."""
+    cfg = PRESETS[shape]
+    shapes = cfg.packed_linear_shapes() * cfg.num_layers
+    return cost_model_folds(n, cfg.block_size, shapes, cfg.num_layers, SpecFoldSettings())
 
 
 def table_from_per_check(rows: list[dict], shape: str, prefix: int = 512) -> dict:
     """Latencies of one model shape and prefix: {"dense": {N: ms}, "dense_compiled": {N: ms},
-    "specfold": {N: [(ratio, ms), ...]} for N > 1, "specfold_n1": ms or None}."""
+    "specfold": {N: [(ratio, ms), ...]} for N > 1 (calls that folded), "specfold_n1": ms or None}."""
     table: dict = {"dense": {}, "dense_compiled": {}, "specfold": {}, "specfold_n1": None}
     for r in rows:
         if r.get("model") != shape or r.get("prefix") != prefix or "ms" not in r:
@@ -39,7 +54,7 @@ def table_from_per_check(rows: list[dict], shape: str, prefix: int = 512) -> dic
             table[r["mode"]][n] = r["ms"]
         elif r["mode"] == "specfold" and n == 1:
             table["specfold_n1"] = r["ms"]
-        elif r["mode"] == "specfold":
+        elif r["mode"] == "specfold" and r.get("folded", True):
             table["specfold"].setdefault(n, []).append((r["recompute_ratio"], r["ms"]))
     for points in table["specfold"].values():
         points.sort()
@@ -56,9 +71,13 @@ def _interp(points: list[tuple[float, float]], x: float) -> float:
     return points[-1][1]
 
 
-def call_ms(table: dict, n: int, ratio: float, folded: bool, compiled: bool = False) -> float:
+def call_ms(table: dict, n: int, ratio: float, folded: bool, compiled: bool = False, shape: str | None = None) -> float:
     """Latency of one verification call with n branches: SpecFold at this recompute ratio if folded,
-    else dense (under torch.compile's default backend if compiled)."""
+    else dense (under torch.compile's default backend if compiled). With ``shape``, a SpecFold call
+    the backend would not fold there (a preset's name: its cost model) costs what it runs instead: the
+    plain graph under Inductor (other names: every multi-branch call folds)."""
+    if folded and shape in PRESETS and n > 1 and table["dense_compiled"] and not backend_folds(shape, n):
+        compiled = True
     if compiled:
         return _interp(sorted(table["dense_compiled"].items()), n)
     dense = sorted(table["dense"].items())
@@ -67,8 +86,9 @@ def call_ms(table: dict, n: int, ratio: float, folded: bool, compiled: bool = Fa
         return _interp(dense, n)
     if n == 1:
         return one
-    # SpecFold at each measured N, at this ratio; at N = 1 there is nothing to fold.
-    per_n = [(1, one)] if one is not None else []
+    # SpecFold at each measured N, at this ratio. At N = 1 there is nothing to fold; with ``shape``, the
+    # calls reaching here fold, so only folded rows count (below the smallest measured N: its latency).
+    per_n = [(1, one)] if one is not None and (shape not in PRESETS or not table["specfold"]) else []
     per_n += [(m, _interp(points, ratio)) for m, points in sorted(table["specfold"].items())]
     return _interp(per_n, n)
 
@@ -84,15 +104,18 @@ def project(run_rows: list[dict], table: dict, shape: str) -> list[dict]:
     rows where the table's dense_compiled latencies cover the Spiffy run's branch counts."""
     out = []
     other_ms = call_ms(table, 1, 1.0, folded=False)  # prefill / block write: plain model, every mode
+    fold_all = {r["task"] for r in run_rows if r.get("mode") == "specfold_fold_all" and r.get("calls")}
     for r in run_rows:
         if r.get("kind", "").startswith("projected") or not r.get("calls"):
             continue
-        variants = [(r["mode"], False)]
+        if r["mode"] == "specfold" and r["task"] in fold_all:
+            continue  # projected from the fold_all run (its calls carry the ratios)
+        variants = [("specfold" if r["mode"] == "specfold_fold_all" else r["mode"], False)]
         if r["mode"] == "spiffy" and _covers(table.get("dense_compiled", {}), r["calls"]):
             variants.append(("spiffy_compiled", True))
         for mode, compiled in variants:
             folded = mode == "specfold"
-            total = sum(call_ms(table, n, ratio, folded, compiled) for n, ratio in r["calls"])
+            total = sum(call_ms(table, n, ratio, folded, compiled, shape) for n, ratio in r["calls"])
             total += (r["forwards"] - len(r["calls"])) * other_ms
             out.append({"task": r["task"], "mode": mode, "shape": shape, "kind": "projected",
                         "projected_tokens_per_s": r["tokens"] / (total / 1e3), "projected_ms": total,

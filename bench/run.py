@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 import traceback
@@ -43,6 +44,9 @@ DEVICE, KERNELS, SHAPE = "cuda", "triton", {}
 # interpolates between points, from smearing it.
 CHANGED_FOR_RATIO = {0.1: 2, 0.25: 6, 0.3: 9, 0.35: 11, 0.5: 14, 0.6: 19}
 TAU = 0.3
+# The issue's branch counts, plus 13: where the backend's cost model starts folding at the 1.5B shape
+# (12) and the branch counts most of the task suite's Spiffy calls have (13-16).
+PER_CHECK_NS = (1, 5, 9, 13, 17, 33)
 
 
 def _inputs(model, n_rows: int, changed: int, seed: int, cache=None):
@@ -163,6 +167,14 @@ def suite_check(args) -> list[dict]:
     return rows
 
 
+def _reference_ratio(model, tokens, parents, cache) -> float:
+    """The recompute ratio SPEC's gates decide on these inputs (reference implementation)."""
+    with torch.no_grad():
+        _, masks = folded_verify(model, tokens, parents, cache, TAU)
+    draft = [m[1:] for m in masks]
+    return sum(int((~m).sum()) for m in draft) / sum(m.numel() for m in draft)
+
+
 def suite_per_check(args) -> list[dict]:
     rows: list[dict] = []
 
@@ -171,7 +183,7 @@ def suite_per_check(args) -> list[dict]:
         print(json.dumps(row), flush=True)
 
     deadline = Deadline(args.budget)
-    ns = args.ns or ((1, 5, 9, 17, 33) if not args.quick else (1, 5))
+    ns = args.ns or (PER_CHECK_NS if not args.quick else (1, 5))
     prefixes = args.prefixes or ((512, 2048) if not args.quick else (512,))
     ratios = {t: c for t, c in CHANGED_FOR_RATIO.items() if not args.ratios or t in args.ratios}
     for name in args.models or (MODELS if not args.quick else MODELS[:1]):
@@ -179,7 +191,7 @@ def suite_per_check(args) -> list[dict]:
         model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
         cfg = model.config
         options = {"tau": TAU, "kernels": KERNELS, "fold_head": args.fold_head, "dense_fraction": args.dense_fraction,
-                   "min_spill_us": args.min_spill_us}
+                   "min_spill_us": args.min_spill_us, "fold_min_branches": args.fold_min_branches}
         folded = torch.compile(model, backend=specfold_backend, options=options)
         # Ablations, each its own mode: the rewritten graph without the default Inductor lowering on
         # CUDA; the gate's fold flags computed in the graph (options["gate_flags"]="graph").
@@ -233,7 +245,10 @@ def suite_per_check(args) -> list[dict]:
                         with torch.no_grad(), collect_stats() as s:
                             folded(tokens, parents, cache)  # the gate's decisions on these inputs
                         first_call_s = {"specfold": time.monotonic() - t0}
-                        ratio = s.recompute_ratio
+                        # A call the backend ran plain (too few branches to pay) has no gate decisions:
+                        # the reference gates say what folding would have computed (for the floor).
+                        folds = s.calls > 0
+                        ratio = s.recompute_ratio if folds else _reference_ratio(model, tokens, parents, cache)
                         computed = cfg.block_size + round(ratio * (n_rows - 1) * cfg.block_size)
                         add({**base, "mode": "floor", "recompute_ratio": ratio, "cuda_graph": False,
                                      "ms": floor_ms(cfg, n_rows, computed, prefix), "target_ratio": target})
@@ -248,8 +263,9 @@ def suite_per_check(args) -> list[dict]:
                                     first_call_s[mode] = time.monotonic() - t0
                                 ms, cg = time_cuda_graph(lambda: fn(tokens, parents, cache))
                             add({**base, "mode": mode, "recompute_ratio": ratio, "ms": ms, "cuda_graph": cg,
-                                         "target_ratio": target, "first_call_s": first_call_s[mode],
-                                         "dense_fraction": args.dense_fraction, "min_spill_us": args.min_spill_us})
+                                         "target_ratio": target, "first_call_s": first_call_s[mode], "folded": folds,
+                                         "dense_fraction": args.dense_fraction, "min_spill_us": args.min_spill_us,
+                                         "fold_min_branches": args.fold_min_branches})
                 except Exception as exc:  # keep measuring the rest; record why this one failed
                     traceback.print_exc()
                     add({**base, "mode": "error", "error": repr(exc)[:300]})
@@ -411,42 +427,64 @@ def suite_end_to_end(args) -> list[dict]:
     model = load_model(None, device=DEVICE)
     graph_file = Path(DEFAULT_MODEL_DIR) / "draft_graph.json"
     graph = str(graph_file) if graph_file.is_file() else None
-    folded = torch.compile(model, backend=specfold_backend,
-                           options={"tau": 0.1, "kernels": KERNELS, "min_spill_us": args.min_spill_us})
+    options = {"tau": 0.1, "kernels": KERNELS, "min_spill_us": args.min_spill_us}
+    # The default decides per call whether folding pays (on this tiny model it never does, so its calls
+    # run the plain graph); fold_all folds every multi-branch call, which measures the recompute ratios
+    # the projections to real shapes replay.
+    compiled = {"specfold": torch.compile(model, backend=specfold_backend, options=options),
+                "specfold_fold_all": torch.compile(model, backend=specfold_backend,
+                                                   options={**options, "fold_min_branches": 2})}
     limit = min(args.limit, 10) if args.quick else args.limit
     rows = []
+    modes = ("vanilla", "spiffy", "specfold", "specfold_fold_all")
     for task in TASKS:
         problems = sample(task, "test", limit, 0)
-        for mode in ("vanilla", "spiffy", "specfold"):
-            target = folded if mode == "specfold" else model
-            kw = dict(mode="vanilla" if mode == "vanilla" else "spiffy", max_new_tokens=96,
-                      draft_budget=args.draft_budget, draft_graph=graph)
+        prompts = [encode(model, prob.prompt).to(DEVICE) for prob in problems]
+        targets = {mode: compiled.get(mode, model) for mode in modes}
+        kws = {mode: dict(mode="vanilla" if mode == "vanilla" else "spiffy", max_new_tokens=96,
+                          draft_budget=args.draft_budget, draft_graph=graph) for mode in modes}
+        recorders, warm_s = {}, {}
+        for mode in modes:
             # Warm-up pass over every problem, recording each call's N and recompute ratio: compiles,
-            # recompiles for new shapes and kernel autotuning all happen here, not in the timed pass.
-            recorder = _CallRecorder(target, model)
+            # recompiles for new shapes and kernel autotuning all happen here, not in the timed passes.
+            recorders[mode] = _CallRecorder(targets[mode], model)
             t0 = time.monotonic()
-            for prob in problems:
-                generate(recorder, encode(model, prob.prompt).to(DEVICE), **kw)
-            warm_s = time.monotonic() - t0
-            texts, tokens, wall, nfe, calls, accepted = [], 0, 0.0, 0, 0, 0
-            for prob in problems:
-                res = generate(target, encode(model, prob.prompt).to(DEVICE), **kw)  # timed, steady state
-                texts.append(model.tokenizer.decode(res.tokens[:res.tokens.index(model.config.eos_token_id)]
-                                                    if model.config.eos_token_id in res.tokens else res.tokens,
-                                                    skip_special_tokens=True))
-                tokens += len(res.tokens)
-                wall += res.wall_time_s
-                nfe += res.nfe
-                calls += res.num_calls
-                accepted += sum(st.accepted for st in res.steps)
+            for prompt in prompts:
+                generate(recorders[mode], prompt, **kws[mode])
+            warm_s[mode] = time.monotonic() - t0
+        # Timed passes: the tiny model is host-bound, so one pass swings by +-30% run to run (H200,
+        # session 5). Modes alternate problem by problem, and each problem's time is its median over
+        # the repeats, so drift and jitter hit every mode alike.
+        walls = {mode: [[] for _ in prompts] for mode in modes}
+        results = {}
+        for rep in range(args.repeats):
+            for i, prompt in enumerate(prompts):
+                for mode in modes:
+                    res = generate(targets[mode], prompt, **kws[mode])
+                    walls[mode][i].append(res.wall_time_s)
+                    if rep == 0:
+                        results.setdefault(mode, []).append(res)
+        for mode in modes:
+            res_list = results[mode]
+            texts = [model.tokenizer.decode(r.tokens[:r.tokens.index(model.config.eos_token_id)]
+                                            if model.config.eos_token_id in r.tokens else r.tokens,
+                                            skip_special_tokens=True) for r in res_list]
+            tokens = sum(len(r.tokens) for r in res_list)
+            calls = sum(r.num_calls for r in res_list)
+            accepted = sum(st.accepted for r in res_list for st in r.steps)
+            nfe = sum(r.nfe for r in res_list)
+            wall = sum(statistics.median(w) for w in walls[mode])
             acc = sum(score_many(problems, texts)) / len(problems)
+            recorder = recorders[mode]
             call_ratios = recorder.ratios()
-            ratio_draft = [r for n, r in call_ratios if n > 1]
+            ratio_draft = [st.recompute_ratio for n, st in recorder.calls if n > 1 and st.layers]  # folded calls
             rows.append({"task": task, "mode": mode, "accuracy": acc, "n": len(problems), "tokens": tokens,
-                         "nfe": nfe / len(problems), "tokens_per_s": tokens / wall, "warmup_s": warm_s,
+                         "nfe": nfe / len(problems), "tokens_per_s": tokens / wall, "warmup_s": warm_s[mode],
+                         "tokens_per_s_per_pass": [tokens / sum(w[r] for w in walls[mode]) for r in range(args.repeats)],
                          "accepted_per_call": accepted / max(calls, 1),
-                         "recompute_ratio": (sum(ratio_draft) / len(ratio_draft)) if mode == "specfold"
-                         and ratio_draft else None, "kind": f"measured (trained 3.8M model, {_device_name()})"})
+                         "recompute_ratio": (sum(ratio_draft) / len(ratio_draft)) if ratio_draft else None,
+                         "folded_calls": sum(1 for _, st in recorder.calls if st.layers),
+                         "kind": f"measured (trained 3.8M model, {_device_name()})"})
             print(json.dumps(rows[-1]), flush=True)
             rows[-1].update(forwards=nfe, calls=[(n, round(r, 4)) for n, r in call_ratios])
     ns = sorted({n for r in rows for n, _ in r["calls"]} | {1})
@@ -483,12 +521,14 @@ def main(argv=None) -> int:
                     help="SpecFold options['dense_fraction'] (default: the backend's)")
     ap.add_argument("--min-spill-us", type=float, default=SpecFoldSettings().min_spill_us,
                     help="SpecFold options['min_spill_us'] (per_check, breakdown, end_to_end; default: the backend's)")
+    ap.add_argument("--fold-min-branches", type=int, default=None,
+                    help="SpecFold options['fold_min_branches'] (per_check; default None: the cost model)")
     ap.add_argument("--fold-head", action="store_true", help="per_check: SpecFold with options['fold_head']")
     ap.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes on the CPU, to test the suites")
     ap.add_argument("--models", type=lambda v: tuple(v.split(",")), default=None,
                     help=f"per_check / breakdown: comma-separated subset of {','.join(MODELS)}")
     ap.add_argument("--ns", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
-                    help="per_check: branch counts (default 1,5,9,17,33)")
+                    help=f"per_check: branch counts (default {','.join(map(str, PER_CHECK_NS))})")
     ap.add_argument("--prefixes", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
                     help="per_check: prefix lengths (default 512,2048)")
     ap.add_argument("--ratios", type=lambda v: tuple(float(x) for x in v.split(",")), default=None,
@@ -499,6 +539,8 @@ def main(argv=None) -> int:
     ap.add_argument("--latencies", default=None,
                     help="end_to_end: project through this per_check JSON instead of measuring latencies")
     ap.add_argument("--draft-budget", type=int, default=16, help="Spiffy D* (end_to_end)")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="end_to_end: timed passes (modes alternate per problem; median per problem)")
     args = ap.parse_args(argv)
     if args.cpu_dry_run:
         global DEVICE, KERNELS

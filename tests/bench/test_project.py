@@ -62,3 +62,28 @@ def test_specfold_at_one_branch_and_the_compiled_spiffy_baseline():
     assert out[1]["projected_ms"] == pytest.approx(1.2 + 2.4 + 2.0)          # prefill stays eager
     wider = {**spiffy, "calls": [(1, 1.0), (17, 1.0)]}                       # N = 17 not compiled-measured
     assert [r["mode"] for r in project([wider], table, "m")] == ["spiffy"]
+
+
+def test_specfold_calls_cost_what_the_cost_model_runs():
+    """At a preset's shape, SpecFold calls the backend would not fold (few branches) cost dense under
+    Inductor; calls it folds interpolate only between folded rows; rows measured plain are not folded
+    latencies; the fold_all run's calls (with ratios) stand for SpecFold."""
+    from bench.project import backend_folds
+
+    shape = "fast-dllm-v2-1.5b"
+    rows = [{**r, "model": shape} for r in _per_check_rows()] + [
+        {"model": shape, "prefix": 512, "n_branches": n, "mode": "dense_compiled", "ms": ms}
+        for n, ms in ((1, 1.2), (5, 2.4), (17, 4.0))] + [
+        {"model": shape, "prefix": 512, "n_branches": 9, "mode": "specfold", "recompute_ratio": 0.1, "ms": 7.7,
+         "folded": False}]
+    table = table_from_per_check(rows, shape, 512)
+    assert table["specfold"].keys() == {5, 17}                                # the plain N = 9 row is left out
+    assert not backend_folds(shape, 5) and backend_folds(shape, 17)
+    assert call_ms(table, 5, 0.1, folded=True, shape=shape) == 2.4           # not folded: dense under Inductor
+    assert call_ms(table, 17, 0.1, folded=True, shape=shape) == 5.0          # folded row
+    assert call_ms(table, 5, 0.1, folded=True) == 3.0                        # no shape: every call folds
+    run = {"task": "t", "accuracy": 1.0, "nfe": 3.0, "tokens": 20, "forwards": 3, "kind": "measured"}
+    plain_run = {**run, "mode": "specfold", "calls": [(1, 1.0), (17, 1.0)]}
+    fold_all = {**run, "mode": "specfold_fold_all", "calls": [(1, 1.0), (17, 0.1)]}
+    (row,) = project([plain_run, fold_all], table, shape)
+    assert row["mode"] == "specfold" and row["projected_ms"] == pytest.approx(2.0 + 5.0 + 2.0)
