@@ -114,6 +114,8 @@ def test_cost_model_matches_the_measured_crossovers(shape, folds_at, not_at):
 
     cfg = PRESETS[shape]
     shapes = cfg.packed_linear_shapes() * cfg.num_layers
-    pays = lambda n: fold_ops.fold_pays(n * cfg.block_size, shapes, cfg.num_layers, 0.45, 2.0)  # noqa: E731
+    defaults = SpecFoldSettings()
+    pays = lambda n: dispatch.cost_model_folds(n, cfg.block_size, shapes, cfg.num_layers, defaults)  # noqa: E731
     assert pays(folds_at) and not pays(not_at)
-    assert fold_ops.fold_saving_us(4 * cfg.block_size, shapes, 0.45, 2.0) == 0.0  # bandwidth-bound: no saving
+    # bandwidth-bound (every row reads the same weights): no saving at all
+    assert fold_ops.fold_saving_us(4 * cfg.block_size, shapes, defaults.dense_fraction, defaults.min_spill_us) == 0.0
