@@ -181,10 +181,10 @@ def dense_rows(rows: int, dense_fraction: float, weight_shape: tuple[int, int] |
 
 
 # What folding adds per gated region (decoder layer) when it runs, whatever it saves: the gate and origin
-# resolution, the packing gathers, the spill launches and the folded attention's launches. Measured on
-# the H200 (session 5): SpecFold's latency minus dense under Inductor's, against ``fold_saving_us``, at
-# the 1.5B, 7B and NLD-3B shapes and N = 5-33, was 4-18 us a layer; 18 is where the decision matters
-# (N = 9). Used by the backend's cost model (``backend/dispatch.py``).
+# resolution, the packing gathers, the spill launches and the folded attention's launches. On the H200,
+# session 4's per_check table (every call folded) put dense Inductor minus SpecFold at ``fold_saving_us``
+# minus 3-18 us a layer wherever the estimate is small; 18 is where the decision matters (N = 9). Used
+# by the backend's cost model (``backend/dispatch.py``).
 FOLD_OVERHEAD_US = 18.0
 
 
@@ -199,13 +199,6 @@ def fold_saving_us(rows: int, weight_shapes: list[tuple[int, int]], dense_fracti
         head = dense_rows(rows, dense_fraction, (m, k), min_spill_us, itemsize)
         saving += _gemm_us(rows, k, m, itemsize) - _gemm_us(head, k, m, itemsize)
     return saving
-
-
-def fold_pays(rows: int, weight_shapes: list[tuple[int, int]], n_regions: int, dense_fraction: float,
-              min_spill_us: float = 0.0, itemsize: int = 2) -> bool:
-    """Whether folding a graph of ``rows`` rows is estimated to save more than its ``n_regions`` gated
-    regions cost (``FOLD_OVERHEAD_US`` each)."""
-    return fold_saving_us(rows, weight_shapes, dense_fraction, min_spill_us, itemsize) > FOLD_OVERHEAD_US * n_regions
 
 
 @torch.library.custom_op("specfold::packed_linear", mutates_args=())

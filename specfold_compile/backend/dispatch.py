@@ -36,13 +36,14 @@ class FoldPlan:
     description: str = ""
     decisions: dict[int, bool] = field(default_factory=dict)
 
-    def branches(self, args: list[Any]) -> int:
+    def branches(self, args: tuple[Any, ...]) -> int:
         a = args[self.n_input]
         return int(a.shape[0]) if self.n_is_dim else int(a)
 
 
-def _weight_shapes(gm: GraphModule, analysis: Analysis) -> tuple[list[tuple[int, int]], int]:
-    """(out, in) of every linear that folding packs, and the weights' element size."""
+def _weight_shapes(analysis: Analysis) -> tuple[list[tuple[int, int]], int]:
+    """(out, in) of every linear that folding packs, and the weights' element size (from the traced
+    example values; a weight without one is left out, which only makes folding look less worth it)."""
     shapes, itemsize = [], 2
     regions = list(analysis.layers) + ([analysis.head] if analysis.head is not None else [])
     for region in regions:
@@ -52,8 +53,6 @@ def _weight_shapes(gm: GraphModule, analysis: Analysis) -> tuple[list[tuple[int,
                 continue
             w = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
             value = w.meta.get("example_value", w.meta.get("val")) if isinstance(w, Node) else None
-            if value is None and isinstance(w, Node) and w.op == "get_attr":
-                value = gm.get_parameter(w.target) if hasattr(gm, "get_parameter") else None
             if isinstance(value, torch.Tensor) and value.dim() == 2 and all(type(s) is int for s in value.shape):
                 shapes.append((value.shape[0], value.shape[1]))
                 itemsize = value.element_size()
@@ -85,8 +84,11 @@ def cost_model_folds(n: int, block: int, weight_shapes: list[tuple[int, int]], r
                      itemsize: int = 2) -> bool:
     """The cost model's decision for a call of ``n`` branches of ``block`` positions, whose gated
     ``regions`` pack linears of ``weight_shapes`` ((out, in), all regions together)."""
-    return n >= 2 and fold_ops.fold_pays(n * block, weight_shapes, regions, settings.dense_fraction,
-                                         settings.min_spill_us, itemsize)
+    if n < 2:
+        return False
+    saving = fold_ops.fold_saving_us(n * block, weight_shapes, settings.dense_fraction, settings.min_spill_us,
+                                     itemsize)
+    return saving > fold_ops.FOLD_OVERHEAD_US * regions
 
 
 def fold_plan(gm: GraphModule, settings: Any) -> FoldPlan:
@@ -100,7 +102,7 @@ def fold_plan(gm: GraphModule, settings: Any) -> FoldPlan:
         fold_at = lambda b: b >= k  # noqa: E731
         why = f"fold_min_branches={k}: fold calls with N >= {k}"
     elif _cost_model_applies(impl, marker_value.device.type) and type(block) is int:
-        shapes, itemsize = _weight_shapes(gm, analysis)
+        shapes, itemsize = _weight_shapes(analysis)
         regions = len(analysis.layers) + (analysis.head is not None)
         memo: dict[int, bool] = {}
 
@@ -153,7 +155,7 @@ class FoldDispatch:
         self.folded, self.plain, self.plan = folded, plain, plan
 
     def __call__(self, *args: Any) -> Any:
-        if self.plan.fold_at(self.plan.branches(list(args))):
+        if self.plan.fold_at(self.plan.branches(args)):
             return self.folded(*args)
         stats.record_plain_call()
         return self.plain(*args)
