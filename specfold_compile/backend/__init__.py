@@ -95,6 +95,10 @@ def compile_graph(gm: GraphModule, settings: SpecFoldSettings) -> GraphModule:
                 analysis.notes.append(analysis.fold_plan.description)
                 if analysis.fold_plan.variants == "plain":  # no call would fold: only strip the marker
                     pipeline = pipeline[:step] + [p for p in pipeline[step:] if p[0] == "strip_marker"]
+                elif analysis.fold_plan.variants == "both":
+                    # the passes below rewrite gm in place: keep the graph as traced for the plain calls
+                    # (shares gm's parameters and buffers; only the graph's nodes are copied)
+                    analysis.fold_plan.traced = GraphModule(gm, copy.deepcopy(gm.graph))
             if analysis.skip_reason:
                 log.debug("specfold: graph left unchanged: %s", analysis.skip_reason)
             elif analysis.blockers:
@@ -111,9 +115,6 @@ def specfold_backend(gm: GraphModule, example_inputs: list[Any], options: dict[s
                      mode: str | None = None, **unused: Any) -> Callable:
     """torch.compile backend entry point (``backend="specfold"``)."""
     settings = SpecFoldSettings.from_options(options)
-    # The passes rewrite gm in place; keep the graph as traced in case some calls must run it plain
-    # (shares gm's parameters and buffers: nothing is copied but the graph's nodes).
-    traced = GraphModule(gm, copy.deepcopy(gm.graph))
     gm = compile_graph(gm, settings)
     inductor = settings.inductor
     if inductor is None:  # auto: Inductor fuses the elementwise work between the fold ops on the GPU
@@ -133,5 +134,5 @@ def specfold_backend(gm: GraphModule, example_inputs: list[Any], options: dict[s
     plan = getattr(gm.meta["specfold"], "fold_plan", None)
     if plan is None or plan.variants != "both":
         return compiled
-    plain = compile_graph(traced, dataclasses.replace(settings, fold=False, dump_dir=None))
+    plain = compile_graph(plan.traced, dataclasses.replace(settings, fold=False, dump_dir=None))
     return dispatch.FoldDispatch(compiled, lower(plain), plan)

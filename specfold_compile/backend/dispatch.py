@@ -35,6 +35,7 @@ class FoldPlan:
     n_is_dim: bool = True  # that input's shape[0] is N (else the input is N itself, a SymInt)
     description: str = ""
     decisions: dict[int, bool] = field(default_factory=dict)
+    traced: GraphModule | None = None  # with "both": the graph before the rewrite, for the plain calls
 
     def branches(self, args: tuple[Any, ...]) -> int:
         a = args[self.n_input]
