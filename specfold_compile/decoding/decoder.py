@@ -4,7 +4,8 @@ Model interface (see ``specfold_compile.models``): ``model.config`` (``block_siz
 ``mask_token_id``, ``eos_token_id``, ``vocab_size``), ``model.prefill(prompt_ids) -> cache`` with
 ``cache.next_logits`` ([V], predicts the next block's seed), ``model(tokens[N, B], parents[N], cache)
 -> logits[N, B, V]`` (rows independent, row 0 = main) and ``model.write_block(cache, block) -> cache``.
-Each of the three counts one NFE.
+Each of the three counts one NFE. With ``compile_writes=True`` the decoder passes ``compiled=True`` to
+``prefill`` and ``write_block``.
 
 Spiffy bookkeeping. Let ``L`` be the logits of the state whose commit produced the current main state
 ``X`` (``X = commit(X_prev, L)`` is exact, vanilla would verify it next). One call verifies ``[X] +
@@ -81,7 +82,7 @@ def _check_int(name, v, lo):
         raise ValueError(f"{name} must be >= {lo}, got {v}")
 
 
-def _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos):
+def _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes=False):
     if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     _check_int("max_new_tokens", max_new_tokens, 1)
@@ -98,6 +99,8 @@ def _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at
         raise ValueError(f"prompt_ids must be a non-empty 1-D tensor, got shape {tuple(prompt_ids.shape)}")
     if not isinstance(stop_at_eos, bool):
         raise TypeError(f"stop_at_eos must be a bool, got {type(stop_at_eos).__name__}")
+    if not isinstance(compile_writes, bool):
+        raise TypeError(f"compile_writes must be a bool, got {type(compile_writes).__name__}")
 
 
 def _model_consts(model):
@@ -125,12 +128,13 @@ def mark_dynamic_shapes(tokens: torch.Tensor, parents: torch.Tensor, cache) -> N
 
 
 def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, graph, stop_at_eos,
-            trace=None) -> GenerateResult:
+            trace=None, compile_writes=False) -> GenerateResult:
     B, sb, mask_id, eos_id = _model_consts(model)
     eos = eos_id if stop_at_eos else None
     spiffy = mode == "spiffy" and draft_budget > 0 and graph is not None and len(graph) > 0
+    writes = {"compiled": True} if compile_writes else {}  # other models' prefill need not take it
     t0 = time.perf_counter()
-    cache = model.prefill(prompt_ids)
+    cache = model.prefill(prompt_ids, **writes)
     nfe = 1
     out: list[int] = []
     steps: list[StepStats] = []
@@ -195,7 +199,7 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
         out.extend(blk)
         if stop or len(out) >= max_new_tokens:
             break
-        cache = model.write_block(cache, X.to(dev))
+        cache = model.write_block(cache, X.to(dev), **writes)
         nfe += 1
     wall = time.perf_counter() - t0
     return GenerateResult(tokens=out, nfe=nfe, wall_time_s=wall, steps=steps, mode=mode, blocks=nblocks)
@@ -203,7 +207,7 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
 
 def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla", max_new_tokens: int = 128,
              threshold: float = 0.9, draft_budget: int = 8, draft_graph=None,
-             stop_at_eos: bool = True) -> GenerateResult:
+             stop_at_eos: bool = True, compile_writes: bool = False) -> GenerateResult:
     """Greedy block-diffusion decoding of ``prompt_ids`` (1-D int64).
 
     ``mode="vanilla"``: one forward per denoising step. ``mode="spiffy"``: each forward also verifies up
@@ -212,8 +216,12 @@ def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla", max_new_tok
 
     Stops after ``max_new_tokens`` tokens or (``stop_at_eos``) after the first eos, which is included in
     ``tokens``. Positions past those are never decoded, so the last block may end early.
+
+    ``compile_writes``: run the prompt prefill and the block writes through ``torch.compile`` (default
+    backend) too. ``torch.compile(model, ...)`` compiles the verification forward only; a decode loop
+    that compiles its model usually wants these compiled as well (gpt-fast's ``compile_prefill``).
     """
-    _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos)
+    _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes)
     B = int(model.config.block_size)
     graph = None
     if mode == "spiffy":
@@ -222,7 +230,7 @@ def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla", max_new_tok
         load_draft_graph(draft_graph, B)  # still reject a malformed graph
     with torch.inference_mode():
         return _decode(model, prompt_ids, mode, max_new_tokens, float(threshold), draft_budget, graph,
-                       stop_at_eos)
+                       stop_at_eos, compile_writes=compile_writes)
 
 
 def record_traces(model, prompts, max_new_tokens: int = 128, threshold: float = 0.9,

@@ -311,8 +311,10 @@ class BlockDiffusionLM(nn.Module):
 
     # --- sequence passes: prefill, block writes, training ---------------------------------------
     def _sequence(self, ids: Tensor, positions: Tensor, allowed: Tensor,
-                  cache: PrefixCache | None, keep_kv: bool = True) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        """Plain transformer over ids [b, S]; allowed: bool [b or 1, S, P+S] (True = may attend).
+                  cache: tuple[list[Tensor], list[Tensor]] | None, keep_kv: bool = True
+                  ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """Plain transformer over ids [b, S]; allowed: bool [b or 1, S, P+S] (True = may attend);
+        cache: the prefix's per-layer (keys, values) [Hkv, P, D], or None.
 
         Returns the final hidden states [b, S, C] and (``keep_kv``) the per-layer K/V [Hkv, P+S, D] of the
         first sequence.
@@ -323,8 +325,8 @@ class BlockDiffusionLM(nn.Module):
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(h, pos)  # [b, S, H, D]
             if cache is not None:
-                k_all = torch.cat((cache.keys[i].transpose(0, 1).unsqueeze(0), k), dim=1)
-                v_all = torch.cat((cache.values[i].transpose(0, 1).unsqueeze(0), v), dim=1)
+                k_all = torch.cat((cache[0][i].transpose(0, 1).unsqueeze(0), k), dim=1)
+                v_all = torch.cat((cache[1][i].transpose(0, 1).unsqueeze(0), v), dim=1)
             else:
                 k_all, v_all = k, v
             o = F.scaled_dot_product_attention(
@@ -352,8 +354,9 @@ class BlockDiffusionLM(nn.Module):
         return PrefixCache(empty, [t.clone() for t in empty], None, self.model_uid)
 
     @torch.no_grad()
-    def prefill(self, prompt_ids: Tensor) -> PrefixCache:
-        """Causal pass over a prompt (1-D int64); the last position's logits predict the next token."""
+    def prefill(self, prompt_ids: Tensor, compiled: bool = False) -> PrefixCache:
+        """Causal pass over a prompt (1-D int64); the last position's logits predict the next token.
+        ``compiled``: as in ``write_block``."""
         if not isinstance(prompt_ids, Tensor) or prompt_ids.dim() != 1 or prompt_ids.dtype != torch.int64:
             raise TypeError("prompt_ids: expected a 1-D int64 tensor")
         if prompt_ids.numel() == 0:
@@ -363,14 +366,18 @@ class BlockDiffusionLM(nn.Module):
         if prompt_ids.numel() > self.config.max_position_embeddings:
             raise ValueError(f"prompt_ids: {prompt_ids.numel()} tokens exceed "
                              f"max_position_embeddings={self.config.max_position_embeddings}")
-        return self.write_block(self.empty_cache(prompt_ids.device), prompt_ids, causal=True)
+        return self.write_block(self.empty_cache(prompt_ids.device), prompt_ids, causal=True, compiled=compiled)
 
     @torch.no_grad()
-    def write_block(self, cache: PrefixCache, block_tokens: Tensor, causal: bool | None = None) -> PrefixCache:
+    def write_block(self, cache: PrefixCache, block_tokens: Tensor, causal: bool | None = None,
+                    compiled: bool = False) -> PrefixCache:
         """Append a finished block to the prefix cache (returns a new cache).
 
         Fast-dLLM v2 writes the block attending bidirectionally to itself; NLD writes it causally.
         The last position's logits become ``next_logits`` (the next block's seed).
+        ``compiled``: run the tensor work (``append_block``) through ``torch.compile`` with its default
+        backend (compiled on first use, one graph for prompts and one for block writes, each dynamic in
+        its length; gpt-fast's ``compile_prefill``). The checks here stay eager.
         """
         if not isinstance(block_tokens, Tensor) or block_tokens.dim() != 1 or block_tokens.dtype != torch.int64:
             raise TypeError("block_tokens: expected a 1-D int64 tensor")
@@ -378,6 +385,8 @@ class BlockDiffusionLM(nn.Module):
             raise TypeError(f"cache: expected a PrefixCache from model.prefill, got {type(cache).__name__}")
         if cache.owner != self.model_uid:
             raise ValueError("cache: this prefix cache was built by another model")
+        if not isinstance(compiled, bool):
+            raise TypeError(f"compiled: expected a bool, got {type(compiled).__name__}")
         if causal is None:
             causal = self.config.family == "nld"
         s, p = block_tokens.shape[0], cache.length
@@ -386,14 +395,39 @@ class BlockDiffusionLM(nn.Module):
                              f"max_position_embeddings={self.config.max_position_embeddings}")
         if s and (int(block_tokens.min()) < 0 or int(block_tokens.max()) >= self.config.vocab_size):
             raise ValueError(f"block_tokens: ids must lie in [0, {self.config.vocab_size})")
+        append = self.append_block
+        if compiled:
+            append = self._compiled_append_block()
+            # Lengths change every call: trace them as dynamic from the start (one graph for prompts,
+            # P = 0, dynamic S; one for blocks, dynamic P) instead of recompiling on the second size.
+            if s > 1 and p == 0:
+                torch._dynamo.maybe_mark_dynamic(block_tokens, 0)
+            for t in (*cache.keys, *cache.values):
+                if p > 1:
+                    torch._dynamo.maybe_mark_dynamic(t, 1)
+        keys, values, next_logits = append(cache.keys, cache.values, block_tokens, bool(causal))
+        return PrefixCache(keys, values, next_logits, self.model_uid)
+
+    def append_block(self, keys: list[Tensor], values: list[Tensor], block_tokens: Tensor, causal: bool
+                     ) -> tuple[list[Tensor], list[Tensor], Tensor]:
+        """``write_block``'s tensor work, without checks or host reads (so it compiles and graph-captures):
+        per-layer prefix K/V [Hkv, P, D] and block_tokens [S] -> the K/V [Hkv, P+S, D] and the last
+        position's logits [V]."""
+        s, p = block_tokens.shape[0], keys[0].shape[1]
         device = block_tokens.device
         allowed = torch.ones(s, p + s, dtype=torch.bool, device=device)
         if causal:
             allowed[:, p:] = torch.ones(s, s, dtype=torch.bool, device=device).tril()
-        positions = torch.arange(p, p + s, device=device)
-        h, keys, values = self._sequence(block_tokens[None], positions, allowed[None], cache)
-        next_logits = self.head(h[0, -1])
-        return PrefixCache(keys, values, next_logits, self.model_uid)
+        positions = torch.arange(s, device=device) + p
+        h, keys, values = self._sequence(block_tokens[None], positions, allowed[None], (keys, values))
+        return keys, values, self.head(h[0, -1])
+
+    def _compiled_append_block(self):
+        fn = self.__dict__.get("_append_block_compiled")
+        if fn is None:  # one compiled function per model, kept out of the module's state
+            fn = torch.compile(self.append_block)
+            self.__dict__["_append_block_compiled"] = fn
+        return fn
 
 
 def validate_parents(parents: Tensor) -> None:

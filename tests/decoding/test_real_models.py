@@ -52,3 +52,44 @@ def test_calibrated_graph_real_tiny(model):
         s = generate(model, p, mode="spiffy", draft_graph=g, draft_budget=5, max_new_tokens=48)
         assert s.tokens == v.tokens and s.nfe <= v.nfe
         assert max(st.branches for st in s.steps) <= 6
+
+
+def test_compiled_writes_match_eager(model):
+    """generate(compile_writes=True) runs prefill / write_block through torch.compile: the same caches
+    (to float32 rounding) and the same tokens as eager, with one graph for prompts of any length and one
+    for blocks at any prefix length (lengths are marked dynamic, no recompile per size)."""
+    import torch._dynamo.testing
+
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    model.__dict__["_append_block_compiled"] = torch.compile(model.append_block, backend=counter)
+    try:
+        with torch.inference_mode():
+            for p in PROMPTS:
+                p = torch.tensor(p, dtype=torch.long)
+                eager, comp = model.prefill(p), model.prefill(p, compiled=True)
+                block = torch.randint(0, model.config.vocab_size, (model.config.block_size,),
+                                      generator=torch.Generator().manual_seed(len(p)))
+                for _ in range(2):
+                    eager, comp = model.write_block(eager, block), model.write_block(comp, block, compiled=True)
+                for a, b in zip(eager.keys + eager.values + [eager.next_logits],
+                                comp.keys + comp.values + [comp.next_logits]):
+                    assert a.shape == b.shape
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert counter.frame_count == 2, counter.frame_count  # prompts, blocks
+        for p in PROMPTS[:2]:
+            p = torch.tensor(p, dtype=torch.long)
+            v = generate(model, p, mode="spiffy", max_new_tokens=48, draft_budget=8)
+            c = generate(model, p, mode="spiffy", max_new_tokens=48, draft_budget=8, compile_writes=True)
+            assert c.tokens == v.tokens and c.nfe == v.nfe
+    finally:
+        model.__dict__.pop("_append_block_compiled", None)
+        torch._dynamo.reset()
+
+
+def test_compile_writes_rejects_non_bool(model):
+    p = torch.tensor(PROMPTS[0], dtype=torch.long)
+    with pytest.raises(TypeError, match="compile_writes"):
+        generate(model, p, compile_writes=1)
+    with pytest.raises(TypeError, match="compiled"):
+        model.write_block(model.prefill(p), p, compiled="yes")
