@@ -3,8 +3,11 @@
 The trained model is tiny and launch-bound, so its own tokens/s says little about a real model. Each
 end_to_end run records every verification call it made (branch count N, measured recompute ratio);
 this module sums, per run, the latency of each call at a real shape, read from per_check rows measured
-on the GPU, plus one dense N = 1 forward for every other forward (prefill, block writes: the decode
-loop runs those on the plain model in every mode). A call costs:
+on the GPU, plus one block write for every other forward (prefill and block writes; the prompt's
+prefill is charged as one block write). A write costs the ``write`` row (eager) or, for runs that
+decoded with ``generate(compile_writes=True)``, the ``write_compiled`` row (under torch.compile's default
+backend; both from ``bench.run --suite writes``, merged into per_check.json); without those rows, one
+dense eager N = 1 forward. A call costs:
   - vanilla / Spiffy: dense eager at its N (interpolated between measured Ns);
   - SpecFold: what ``backend="specfold"`` runs with its default options. Where its cost model does not
     fold a call of N branches at this shape (``backend_folds``), the plain graph: dense under Inductor
@@ -12,9 +15,10 @@ loop runs those on the plain model in every mode). A call costs:
     rows, interpolated in the recompute ratio and in N between measured branch counts. The calls and
     ratios come from the run that folds every multi-branch call (``specfold_fold_all``) when there is
     one: on the tiny model the default folds nothing, so only that run has ratios to replay;
-  - ``spiffy_compiled`` (an extra projected row, when per_check has ``dense_compiled`` at N = 1 and at
-    the run's largest N): Spiffy with its verification calls under ``torch.compile``'s default backend,
-    the fair baseline for a compiled SpecFold.
+  - ``spiffy_compiled``: Spiffy with its verification calls (and its writes, when the table has
+    ``write_compiled``) under ``torch.compile``'s default backend, the fair baseline for a compiled
+    SpecFold. Projected from the measured ``spiffy_compiled`` run, or else as an extra row of the Spiffy
+    run, when per_check has ``dense_compiled`` from N = 1 to the run's largest N.
 The result is labelled "projected" everywhere it appears.
 
 ``python -m bench.project END_TO_END.json PER_CHECK.json`` replaces the projected rows of END_TO_END.json
@@ -45,13 +49,16 @@ def backend_folds(shape: str, n: int) -> bool:
 def table_from_per_check(rows: list[dict], shape: str, prefix: int = 512) -> dict:
     """Latencies of one model shape and prefix: {"dense": {N: ms}, "dense_compiled": {N: ms},
     "specfold": {N: [(ratio, ms), ...]} for N > 1 (calls that folded), "specfold_n1": ms or None}."""
-    table: dict = {"dense": {}, "dense_compiled": {}, "specfold": {}, "specfold_n1": None}
+    table: dict = {"dense": {}, "dense_compiled": {}, "specfold": {}, "specfold_n1": None, "write": None,
+                   "write_compiled": None}
     for r in rows:
         if r.get("model") != shape or r.get("prefix") != prefix or "ms" not in r:
             continue
         n = r["n_branches"]
         if r["mode"] in ("dense", "dense_compiled"):
             table[r["mode"]][n] = r["ms"]
+        elif r["mode"] in ("write", "write_compiled"):
+            table[r["mode"]] = r["ms"]
         elif r["mode"] == "specfold" and n == 1:
             table["specfold_n1"] = r["ms"]
         elif r["mode"] == "specfold" and r.get("folded", True):
@@ -99,26 +106,41 @@ def _covers(measured: dict, calls: list) -> bool:
     return bool(measured) and min(measured) <= min(ns) and max(measured) >= max(ns)
 
 
+def write_ms(table: dict, compiled: bool) -> float:
+    """One prefill / block write: measured write rows when the table has them, else dense eager N = 1."""
+    if compiled and table.get("write_compiled") is not None:
+        return table["write_compiled"]
+    if table.get("write") is not None:
+        return table["write"]
+    return call_ms(table, 1, 1.0, folded=False)
+
+
 def project(run_rows: list[dict], table: dict, shape: str) -> list[dict]:
     """One projected row per measured (task, mode) row that carries its calls, plus ``spiffy_compiled``
-    rows where the table's dense_compiled latencies cover the Spiffy run's branch counts."""
+    rows from the Spiffy run where no run measured it and the table's dense_compiled latencies cover the
+    Spiffy run's branch counts."""
     out = []
-    other_ms = call_ms(table, 1, 1.0, folded=False)  # prefill / block write: plain model, every mode
-    fold_all = {r["task"] for r in run_rows if r.get("mode") == "specfold_fold_all" and r.get("calls")}
+    measured = {(r["task"], r["mode"]) for r in run_rows if r.get("calls") and not r.get("kind", "").startswith("projected")}
     for r in run_rows:
         if r.get("kind", "").startswith("projected") or not r.get("calls"):
             continue
-        if r["mode"] == "specfold" and r["task"] in fold_all:
+        if r["mode"] == "specfold" and (r["task"], "specfold_fold_all") in measured:
             continue  # projected from the fold_all run (its calls carry the ratios)
-        variants = [("specfold" if r["mode"] == "specfold_fold_all" else r["mode"], False)]
-        if r["mode"] == "spiffy" and _covers(table.get("dense_compiled", {}), r["calls"]):
-            variants.append(("spiffy_compiled", True))
-        for mode, compiled in variants:
+        mode = "specfold" if r["mode"] == "specfold_fold_all" else r["mode"]
+        variants = [(mode, mode == "spiffy_compiled", bool(r.get("compile_writes")))]
+        if (r["mode"] == "spiffy" and (r["task"], "spiffy_compiled") not in measured
+                and _covers(table.get("dense_compiled", {}), r["calls"])):
+            variants.append(("spiffy_compiled", True, True))
+        for mode, compiled, compiled_writes in variants:
+            if compiled and not _covers(table.get("dense_compiled", {}), r["calls"]):
+                continue
             folded = mode == "specfold"
+            other_ms = write_ms(table, compiled_writes)
             total = sum(call_ms(table, n, ratio, folded, compiled, shape) for n, ratio in r["calls"])
             total += (r["forwards"] - len(r["calls"])) * other_ms
             out.append({"task": r["task"], "mode": mode, "shape": shape, "kind": "projected",
                         "projected_tokens_per_s": r["tokens"] / (total / 1e3), "projected_ms": total,
+                        "write_ms": other_ms, "compile_writes": compiled_writes,
                         "nfe": r["nfe"], "accuracy": r["accuracy"]})
     return out
 

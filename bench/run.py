@@ -10,9 +10,12 @@ Suites (each writes JSON under $OUT or bench/results/ and prints every row as JS
   breakdown   time split of one forward by kernel family (torch.profiler), N = 17; --breakdown-modes.
 Ablations: --specfold-no-inductor and --specfold-graph-flags add per_check modes (and breakdown modes of
 the same names) with options["inductor"]=False or options["gate_flags"]="graph".
-  end_to_end  vanilla / Spiffy / SpecFold decoding of the trained model on the task suite: accuracy and
-              real tokens/s, plus tokens/s projected to the 1.5B/7B shapes from latencies measured here
-              (or read from a per_check JSON with --latencies; bench/project.py).
+  end_to_end  vanilla / Spiffy (eager and under Inductor) / SpecFold decoding of the trained model on
+              the task suite: accuracy and real tokens/s, plus tokens/s projected to the 1.5B/7B shapes
+              from latencies measured here (or read from a per_check JSON with --latencies;
+              bench/project.py).
+  writes      latency of one block write (prefix-cache append), eager and under Inductor; rows in
+              per_check's format (mode write / write_compiled), to merge into per_check.json.
 """
 
 from __future__ import annotations
@@ -275,6 +278,48 @@ def suite_per_check(args) -> list[dict]:
     return rows
 
 
+def suite_writes(args) -> list[dict]:
+    """Latency of one block write (``model.append_block``: the 32 finished tokens appended to the prefix
+    cache, the next block's seed logits), eager and under torch.compile's default backend (what
+    ``generate(compile_writes=True)`` runs), at prefix 512 and 2048. Rows follow per_check's, with mode
+    ``write`` / ``write_compiled`` at N = 1, so ``bench.plot`` merges them into per_check.json, where the
+    end_to_end projections read them."""
+    rows: list[dict] = []
+    deadline = Deadline(args.budget)
+    for name in args.models or (MODELS if not args.quick else MODELS[:1]):
+        torch._dynamo.reset()
+        model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
+        compiled = model._compiled_append_block()
+        causal = model.config.family == "nld"
+        for prefix in args.prefixes or ((512, 2048) if not args.quick else (512,)):
+            if deadline.left() < 20:
+                print("writes: time budget reached, stopping", flush=True)
+                return rows
+            cache = _prefix(model, prefix, 1)
+            block, _ = _inputs(model, 1, 0, prefix)
+            block = block[0]
+            for t in (*cache.keys, *cache.values):  # as write_block(compiled=True) marks them
+                torch._dynamo.maybe_mark_dynamic(t, 1)
+            for mode, fn in (("write", model.append_block), ("write_compiled", compiled)):
+                try:
+                    with torch.no_grad():
+                        t0 = time.monotonic()
+                        fn(cache.keys, cache.values, block, causal)
+                        first_s = time.monotonic() - t0
+                        ms, cg = time_cuda_graph(lambda: fn(cache.keys, cache.values, block, causal))
+                    rows.append({"model": name, "prefix": prefix, "n_branches": 1, "mode": mode,
+                                 "recompute_ratio": 1.0, "ms": ms, "cuda_graph": cg, "first_call_s": first_s})
+                except Exception as exc:
+                    traceback.print_exc()
+                    rows.append({"model": name, "prefix": prefix, "n_branches": 1, "mode": "error",
+                                 "what": mode, "error": repr(exc)[:300]})
+                print(json.dumps(rows[-1]), flush=True)
+            del cache
+        del model, compiled
+        torch.cuda.empty_cache()
+    return rows
+
+
 def suite_memory(args) -> list[dict]:
     if DEVICE != "cuda":
         print("this suite measures CUDA memory/kernels: skipped in --cpu-dry-run", flush=True)
@@ -431,18 +476,23 @@ def suite_end_to_end(args) -> list[dict]:
     # The default decides per call whether folding pays (on this tiny model it never does, so its calls
     # run the plain graph); fold_all folds every multi-branch call, which measures the recompute ratios
     # the projections to real shapes replay.
+    # spiffy_compiled: Spiffy under torch.compile's default backend, the fair baseline for a compiled
+    # SpecFold. Compiled modes compile the prefill and block writes too (generate(compile_writes=True)),
+    # as a decode loop that compiles its model would.
     compiled = {"specfold": torch.compile(model, backend=specfold_backend, options=options),
                 "specfold_fold_all": torch.compile(model, backend=specfold_backend,
-                                                   options={**options, "fold_min_branches": 2})}
+                                                   options={**options, "fold_min_branches": 2}),
+                "spiffy_compiled": torch.compile(model)}
     limit = min(args.limit, 10) if args.quick else args.limit
     rows = []
-    modes = ("vanilla", "spiffy", "specfold", "specfold_fold_all")
+    modes = ("vanilla", "spiffy", "spiffy_compiled", "specfold", "specfold_fold_all")
     for task in TASKS:
         problems = sample(task, "test", limit, 0)
         prompts = [encode(model, prob.prompt).to(DEVICE) for prob in problems]
         targets = {mode: compiled.get(mode, model) for mode in modes}
         kws = {mode: dict(mode="vanilla" if mode == "vanilla" else "spiffy", max_new_tokens=96,
-                          draft_budget=args.draft_budget, draft_graph=graph) for mode in modes}
+                          draft_budget=args.draft_budget, draft_graph=graph, compile_writes=mode in compiled)
+               for mode in modes}
         recorders, warm_s = {}, {}
         for mode in modes:
             # Warm-up pass over every problem, recording each call's N and recompute ratio: compiles,
@@ -484,6 +534,7 @@ def suite_end_to_end(args) -> list[dict]:
                          "accepted_per_call": accepted / max(calls, 1),
                          "recompute_ratio": (sum(ratio_draft) / len(ratio_draft)) if ratio_draft else None,
                          "folded_calls": sum(1 for _, st in recorder.calls if st.layers),
+                         "compile_writes": kws[mode]["compile_writes"],
                          "kind": f"measured (trained 3.8M model, {_device_name()})"})
             print(json.dumps(rows[-1]), flush=True)
             rows[-1].update(forwards=nfe, calls=[(n, round(r, 4)) for n, r in call_ratios])
@@ -504,7 +555,7 @@ def suite_end_to_end(args) -> list[dict]:
 
 
 SUITES = {"check": suite_check, "per_check": suite_per_check, "memory": suite_memory, "breakdown": suite_breakdown,
-          "end_to_end": suite_end_to_end}
+          "end_to_end": suite_end_to_end, "writes": suite_writes}
 
 
 def main(argv=None) -> int:

@@ -87,3 +87,32 @@ def test_specfold_calls_cost_what_the_cost_model_runs():
     fold_all = {**run, "mode": "specfold_fold_all", "calls": [(1, 1.0), (17, 0.1)]}
     (row,) = project([plain_run, fold_all], table, shape)
     assert row["mode"] == "specfold" and row["projected_ms"] == pytest.approx(2.0 + 5.0 + 2.0)
+
+
+def test_writes_cost_the_measured_write_rows():
+    """Prefill / block writes cost the ``write`` row, or ``write_compiled`` for runs that compiled them
+    (and for the Inductor Spiffy baseline); a measured spiffy_compiled run replaces the extra row."""
+    from bench.project import write_ms
+
+    rows = _per_check_rows() + [
+        {"model": "m", "prefix": 512, "n_branches": 1, "mode": "dense_compiled", "ms": 1.2},
+        {"model": "m", "prefix": 512, "n_branches": 5, "mode": "dense_compiled", "ms": 2.4},
+        {"model": "m", "prefix": 512, "n_branches": 1, "mode": "write", "ms": 1.9},
+        {"model": "m", "prefix": 512, "n_branches": 1, "mode": "write_compiled", "ms": 0.7},
+        {"model": "m", "prefix": 2048, "n_branches": 1, "mode": "write_compiled", "ms": 99.0},
+    ]
+    table = table_from_per_check(rows, "m", 512)
+    assert (table["write"], table["write_compiled"]) == (1.9, 0.7)
+    assert write_ms(table, False) == 1.9 and write_ms(table, True) == 0.7
+    no_writes = table_from_per_check(_per_check_rows(), "m", 512)
+    assert write_ms(no_writes, True) == write_ms(no_writes, False) == 2.0   # dense eager N = 1
+    run = {"task": "t", "accuracy": 1.0, "nfe": 4.0, "tokens": 20, "forwards": 4, "kind": "measured",
+           "calls": [(1, 1.0), (5, 1.0)]}
+    out = project([{**run, "mode": "spiffy"}], table, "m")
+    assert [(r["mode"], r["projected_ms"]) for r in out] == [
+        ("spiffy", pytest.approx(2.0 + 4.0 + 2 * 1.9)), ("spiffy_compiled", pytest.approx(1.2 + 2.4 + 2 * 0.7))]
+    out = project([{**run, "mode": "specfold", "calls": [(1, 1.0), (5, 0.1)], "compile_writes": True},
+                   {**run, "mode": "spiffy"}, {**run, "mode": "spiffy_compiled", "compile_writes": True}], table, "m")
+    assert [(r["mode"], r["projected_ms"]) for r in out] == [
+        ("specfold", pytest.approx(2.0 + 3.0 + 2 * 0.7)), ("spiffy", pytest.approx(2.0 + 4.0 + 2 * 1.9)),
+        ("spiffy_compiled", pytest.approx(1.2 + 2.4 + 2 * 0.7))]
