@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|memory|end_to_end|kernels|kernels_linear|gate_flags|min_spill [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|writes|memory|end_to_end|breakdown|kernels|kernels_linear|gate_flags|min_spill [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -22,7 +22,12 @@ case "$part" in
   per_check_1.5b) run --suite per_check --models fast-dllm-v2-1.5b --budget 540 ;;
   per_check_7b)   run --suite per_check --models fast-dllm-v2-7b --budget 540 ;;
   per_check_nld)  run --suite per_check --models nld-3b --budget 540 ;;
+  writes)         # block-write latency, eager and Inductor (~90 s a model, the compile); merge into per_check.json
+                  run --suite writes --budget 540 ;;
   memory)         run --suite memory ;;
+  breakdown)      # where one forward's kernel time goes at the current defaults: N = 1 and 17, dense eager,
+                  # dense under Inductor, SpecFold
+                  run --suite breakdown --breakdown-modes dense,dense_compiled,specfold --ns 1,17 --models fast-dllm-v2-1.5b ;;
   end_to_end)     run --suite end_to_end --limit 20 --draft-budget 16 --latencies bench/results/h200/per_check.json --budget 300 ;;
   kernels)        for k in gate attention; do
                     python bench/kernels/bench_$k.py --out "$OUT/bench_$k.json" 2>&1 | tail -n 3 | tee -a "$OUT/log.txt"

@@ -377,8 +377,9 @@ def _kernel_group(name: str) -> str:
 
 
 def suite_breakdown(args) -> list[dict]:
-    """Kernel time per part of one verification forward (torch.profiler, N = 17, prefix 512), for the
-    folded forward and, with --breakdown-modes, the dense one and the Inductor-lowered folded one."""
+    """Kernel time per part of one verification forward (torch.profiler, prefix 512, N = 17 or --ns),
+    for the folded forward and, with --breakdown-modes, the dense one eager (``dense``) and under
+    Inductor (``dense_compiled``) and the ablations."""
     if DEVICE != "cuda":
         print("this suite measures CUDA memory/kernels: skipped in --cpu-dry-run", flush=True)
         return []
@@ -389,10 +390,12 @@ def suite_breakdown(args) -> list[dict]:
         torch._dynamo.reset()
         model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
         cache = _prefix(model, 512, 1)
-        tokens, parents = _inputs(model, 17, 6, 17)
-        for mode in args.breakdown_modes:
+        for n_rows, mode in [(n, m) for n in (args.ns or (17,)) for m in args.breakdown_modes]:
+            tokens, parents = _inputs(model, n_rows, 6, n_rows, cache)
             if mode == "dense":
                 fn = model.verify
+            elif mode == "dense_compiled":
+                fn = torch.compile(model.verify, dynamic=True)
             else:
                 options = {"tau": TAU, "kernels": KERNELS, "dense_fraction": args.dense_fraction,
                            "min_spill_us": args.min_spill_us,
@@ -419,8 +422,8 @@ def suite_breakdown(args) -> list[dict]:
                 group[1] += evt.count / 5
             total = sum(ms for ms, _ in groups.values())
             for group, (ms, launches) in sorted(groups.items(), key=lambda kv: -kv[1][0]):
-                rows.append({"model": name, "mode": mode, "n_branches": 17, "prefix": 512,
-                             "recompute_ratio": s.recompute_ratio if mode != "dense" else 1.0, "part": group,
+                rows.append({"model": name, "mode": mode, "n_branches": n_rows, "prefix": 512,
+                             "recompute_ratio": s.recompute_ratio if s.layers else 1.0, "part": group,
                              "ms_per_forward": ms, "ms_per_layer": ms / model.config.num_layers, "share": ms / total,
                              "kernels_per_forward": launches})
                 print(json.dumps(rows[-1]), flush=True)
@@ -577,15 +580,17 @@ def main(argv=None) -> int:
     ap.add_argument("--fold-head", action="store_true", help="per_check: SpecFold with options['fold_head']")
     ap.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes on the CPU, to test the suites")
     ap.add_argument("--models", type=lambda v: tuple(v.split(",")), default=None,
-                    help=f"per_check / breakdown: comma-separated subset of {','.join(MODELS)}")
+                    help=f"per_check / breakdown / writes: comma-separated subset of {','.join(MODELS)}")
     ap.add_argument("--ns", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
-                    help=f"per_check: branch counts (default {','.join(map(str, PER_CHECK_NS))})")
+                    help=f"per_check: branch counts (default {','.join(map(str, PER_CHECK_NS))}); "
+                         "breakdown: (default 17)")
     ap.add_argument("--prefixes", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
-                    help="per_check: prefix lengths (default 512,2048)")
+                    help="per_check, writes: prefix lengths (default 512,2048)")
     ap.add_argument("--ratios", type=lambda v: tuple(float(x) for x in v.split(",")), default=None,
                     help=f"per_check: target recompute ratios, a subset of {sorted(CHANGED_FOR_RATIO)}")
     ap.add_argument("--breakdown-modes", type=lambda v: tuple(v.split(",")), default=("specfold",),
-                    help="breakdown: profile these of dense,specfold,specfold_no_inductor,specfold_graph_flags")
+                    help="breakdown: profile these of dense,dense_compiled,specfold,specfold_no_inductor,"
+                         "specfold_graph_flags")
     ap.add_argument("--limit", type=int, default=30, help="problems per task (end_to_end)")
     ap.add_argument("--latencies", default=None,
                     help="end_to_end: project through this per_check JSON instead of measuring latencies")
