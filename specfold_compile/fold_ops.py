@@ -124,7 +124,7 @@ def folded_attention(q_p: Tensor, k_p: Tensor, v_p: Tensor, k_pre: Tensor, v_pre
     q, k, v = q_p.squeeze(1), k_p.squeeze(1), v_p.squeeze(1)
     if impl == "triton":
         kernels = _kernels()
-        o_pre, lse_pre = kernels.prefix_attention(q, k_pre, v_pre, scale, count)
+        o_pre, lse_pre = kernels.prefix_attention_states(q, k_pre, v_pre, scale, count)
         return kernels.block_attention(q, k, v, slot, o_pre, lse_pre, scale)
     n_computed = int(count)  # the reference may read the count; the Triton path never does
     o_pre, lse_pre = prefix_attention_ref(q[:n_computed], k_pre, v_pre, scale)

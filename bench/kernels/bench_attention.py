@@ -1,5 +1,7 @@
-"""Benchmark prefix_attention, block_attention and branch_attention (bf16) at the Fast-dLLM-v2
-attention shapes, with the roofline floor and the worst relative error against the reference."""
+"""Benchmark prefix_attention (one state, and split along the prefix: prefix_attention_states with the
+default split count), block_attention (merging one state, and the split states) and branch_attention
+(bf16) at the Fast-dLLM-v2 attention shapes, with the roofline floor and the worst relative error
+against the reference."""
 from __future__ import annotations
 
 import math
@@ -11,9 +13,11 @@ import _common as C  # noqa: E402
 
 import torch  # noqa: E402
 
-from specfold_compile.kernels.attention import block_attention, branch_attention, prefix_attention  # noqa: E402
+from specfold_compile.kernels.attention import (  # noqa: E402
+    block_attention, branch_attention, prefix_attention, prefix_attention_states,
+)
 from specfold_compile.kernels.attention_ref import (  # noqa: E402
-    block_attention_ref, branch_attention_ref, prefix_attention_ref,
+    block_attention_ref, branch_attention_ref, merge_split_states, prefix_attention_ref,
 )
 
 
@@ -55,6 +59,18 @@ def main(argv=None):
                                   4.0 * R * hq * block * d)
                 rows.append(dict(model=mname, kernel="block_attention", P=P, N=N, rows=R, ms=ms_b, **fl_b,
                                  frac_of_floor=fl_b["floor_ms"] / ms_b, max_rel_err=err_b))
+
+                o_s, lse_s = prefix_attention_states(q, k_pre, v_pre, scale, count)
+                splits = o_s.shape[0]
+                err_s = max(C.rel_err(t, r) for t, r in zip(merge_split_states(o_s, lse_s), (ro, rl)))
+                ms_s = C.bench(lambda: prefix_attention_states(q, k_pre, v_pre, scale, count), args.quick)
+                rows.append(dict(model=mname, kernel="prefix_attention_states", P=P, N=N, rows=R, ms=ms_s, **fl_p,
+                                 frac_of_floor=fl_p["floor_ms"] / ms_s, max_rel_err=err_s, splits=splits))
+                ob = block_attention(q, k, v, slot, o_s, lse_s, scale)
+                err_b = C.rel_err(ob, block_attention_ref(q, k, v, slot, ro, rl, scale))
+                ms_b = C.bench(lambda: block_attention(q, k, v, slot, o_s, lse_s, scale), args.quick)
+                rows.append(dict(model=mname, kernel="block_attention_split_states", P=P, N=N, rows=R, ms=ms_b,
+                                 **fl_b, frac_of_floor=fl_b["floor_ms"] / ms_b, max_rel_err=err_b, splits=splits))
 
                 o = branch_attention(q4, k4, v4, k_pre, v_pre, scale)
                 err = C.rel_err(o, branch_attention_ref(q4, k4, v4, k_pre, v_pre, scale))

@@ -12,6 +12,7 @@ import os
 from .attention_ref import (
     block_attention_ref,
     branch_attention_ref,
+    merge_split_states,
     merge_states,
     prefix_attention_ref,
 )
@@ -26,7 +27,7 @@ except Exception as exc:  # ImportError, or a broken install
     _TRITON_IMPORT_ERROR = exc
 
 if _TRITON_IMPORT_ERROR is None:
-    from .attention import block_attention, branch_attention, prefix_attention
+    from .attention import block_attention, branch_attention, prefix_attention, prefix_attention_states
     from .gate import fold_gate, fold_gate_from_flags, resolve_folds
     from .packed_linear import packed_linear
 else:
@@ -40,6 +41,7 @@ else:
     fold_gate_from_flags = _missing("fold_gate_from_flags")
     resolve_folds = _missing("resolve_folds")
     prefix_attention = _missing("prefix_attention")
+    prefix_attention_states = _missing("prefix_attention_states")
     block_attention = _missing("block_attention")
     branch_attention = _missing("branch_attention")
     packed_linear = _missing("packed_linear")
@@ -63,7 +65,7 @@ def triton_available() -> bool:
 __all__ = [
     "triton_available",
     "fold_gate", "fold_gate_from_flags", "resolve_folds", "fold_gate_ref", "fold_flags_ref", "resolve_folds_ref",
-    "prefix_attention", "block_attention", "branch_attention",
-    "prefix_attention_ref", "block_attention_ref", "branch_attention_ref", "merge_states",
+    "prefix_attention", "prefix_attention_states", "block_attention", "branch_attention",
+    "prefix_attention_ref", "block_attention_ref", "branch_attention_ref", "merge_states", "merge_split_states",
     "packed_linear", "packed_linear_ref",
 ]

@@ -1,6 +1,11 @@
 """Triton folded attention: prefix attention with (o, lse) states, block attention through the
 origin map merged with the prefix state, and dense branch attention built from the two.
 
+The prefix part is split along the prefix (flash-decoding): a verification call has few query rows
+(32 a branch), so one program per row tile leaves most of the GPU idle while it walks the whole
+prefix. Each split writes its own (o, lse) state and the block kernel, which merges the prefix state
+into the block's anyway, merges all of them; no extra launch.
+
 Layout of a program's M dimension: the GQA group's query heads and a tile of rows are flattened
 together (m -> row = m // G, head = kv_head * G + m % G), so all query heads of the group share
 one K/V tile load and the group size needs no power-of-two padding. Natural-log LSE, fp32 states.
@@ -9,6 +14,8 @@ before ``tl.dot`` (exact, because they came from that dtype), except the softmax
 are rounded to the storage dtype for the PV product as in FlashAttention.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -22,17 +29,20 @@ from ._common import dot_precision, interpreting, tl_dtype
 @triton.jit
 def _prefix_attn_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, count_ptr, scale,
-    R, P,
+    R, P, CHUNK,
     stride_qr, stride_qh,
     stride_kh, stride_kp,
     stride_vh, stride_vp,
-    stride_or, stride_oh,
-    stride_lr, stride_lh,
+    stride_os, stride_or, stride_oh,
+    stride_ls, stride_lr, stride_lh,
     HAS_COUNT: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, DOT_T: tl.constexpr, PREC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kvh = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    p_lo = split * CHUNK  # this program's keys: [p_lo, p_hi)
+    p_hi = tl.minimum(p_lo + CHUNK, P)
     m0 = pid * BLOCK_M
     if HAS_COUNT:
         cnt = tl.load(count_ptr)
@@ -53,9 +63,9 @@ def _prefix_attn_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     k_base = k_ptr + kvh * stride_kh
     v_base = v_ptr + kvh * stride_vh
-    for p0 in range(0, P, BLOCK_P):
+    for p0 in range(p_lo, p_hi, BLOCK_P):
         pp = p0 + tl.arange(0, BLOCK_P)
-        pmask = pp < P
+        pmask = pp < p_hi
         kv_mask = pmask[:, None] & dmask[None, :]
         k = tl.load(k_base + pp[:, None].to(tl.int64) * stride_kp + dd[None, :], mask=kv_mask, other=0.0).to(tl.float32)
         s = tl.dot(q_dot, tl.trans(k.to(DOT_T)), input_precision=PREC) * scale
@@ -70,21 +80,22 @@ def _prefix_attn_kernel(
     has = l_i > 0.0
     o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
     lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-    tl.store(o_ptr + row64[:, None] * stride_or + head[:, None] * stride_oh + dd[None, :], o,
-             mask=mvalid[:, None] & dmask[None, :])
-    tl.store(lse_ptr + row64 * stride_lr + head * stride_lh, lse, mask=mvalid)
+    split64 = split.to(tl.int64)
+    tl.store(o_ptr + split64 * stride_os + row64[:, None] * stride_or + head[:, None] * stride_oh + dd[None, :],
+             o, mask=mvalid[:, None] & dmask[None, :])
+    tl.store(lse_ptr + split64 * stride_ls + row64 * stride_lr + head * stride_lh, lse, mask=mvalid)
 
 
 @triton.jit
 def _block_attn_kernel(
     q_ptr, k_ptr, v_ptr, slot_ptr, opre_ptr, lsepre_ptr, out_ptr, scale,
-    B, N_MT,
+    B, N_MT, S,
     stride_qr, stride_qh,
     stride_kr, stride_kh,
     stride_vr, stride_vh,
     stride_sn,
-    stride_pr, stride_ph,
-    stride_lr, stride_lh,
+    stride_ps, stride_pr, stride_ph,
+    stride_ls, stride_lr, stride_lh,
     stride_on, stride_ob, stride_oh,
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, DOT_T: tl.constexpr, PREC: tl.constexpr,
@@ -121,22 +132,26 @@ def _block_attn_kernel(
     l_safe = tl.where(l_b > 0.0, l_b, 1.0)
     o_blk = acc / l_safe[:, None]
     lse_blk = tl.where(l_b > 0.0, m_b + tl.log(l_safe), float("-inf"))
-    # prefix state of the origin row
-    o_pre = tl.load(opre_ptr + qrow[:, None] * stride_pr + head[:, None] * stride_ph + dd[None, :],
-                    mask=qmask, other=0.0).to(tl.float32)
-    lse_pre = tl.load(lsepre_ptr + qrow * stride_lr + head * stride_lh, mask=mvalid,
-                      other=float("-inf")).to(tl.float32)
-    # merge (same math as attention_ref.merge_states): weights first, then scale outputs
-    m = tl.maximum(lse_pre, lse_blk)
+    # merge with the S prefix states of the origin row (attention_ref.merge_states, over S + 1 states):
+    # the largest lse first, then weights, then the weighted outputs (a zero weight lets nothing through)
+    lse_base = lsepre_ptr + qrow * stride_lr + head * stride_lh
+    o_base = opre_ptr + qrow[:, None] * stride_pr + head[:, None] * stride_ph + dd[None, :]
+    m = lse_blk
+    for s in range(S):
+        lse_s = tl.load(lse_base + s * stride_ls, mask=mvalid, other=float("-inf")).to(tl.float32)
+        m = tl.maximum(m, lse_s)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w1 = tl.exp(lse_pre - m_safe)
-    w2 = tl.exp(lse_blk - m_safe)
-    den = w1 + w2
+    w_blk = tl.exp(lse_blk - m_safe)
+    den = w_blk
+    acc_o = tl.where(w_blk[:, None] > 0.0, w_blk[:, None] * o_blk, 0.0)
+    for s in range(S):
+        lse_s = tl.load(lse_base + s * stride_ls, mask=mvalid, other=float("-inf")).to(tl.float32)
+        w_s = tl.exp(lse_s - m_safe)
+        o_s = tl.load(o_base + s * stride_ps, mask=qmask, other=0.0).to(tl.float32)
+        acc_o += tl.where(w_s[:, None] > 0.0, w_s[:, None] * o_s, 0.0)
+        den += w_s
     ok = den > 0.0
-    inv = tl.where(ok, 1.0 / tl.where(ok, den, 1.0), 0.0)
-    a1 = w1 * inv
-    a2 = w2 * inv
-    o = tl.where(a1[:, None] > 0.0, a1[:, None] * o_pre, 0.0) + tl.where(a2[:, None] > 0.0, a2[:, None] * o_blk, 0.0)
+    o = acc_o * tl.where(ok, 1.0 / tl.where(ok, den, 1.0), 0.0)[:, None]
     out_off = n * stride_on + b.to(tl.int64)[:, None] * stride_ob + head[:, None] * stride_oh + dd[None, :]
     tl.store(out_ptr + out_off, o.to(out_ptr.dtype.element_ty), mask=qmask)
 
@@ -153,31 +168,56 @@ def _prefix_config(M_total: int, D: int):
     return block_m, 64, 4 if block_m == 64 else 8
 
 
-def prefix_attention(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.Tensor, scale: float,
-                     count: torch.Tensor | None = None):
+MAX_PREFIX_SPLITS = 16
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def prefix_splits(programs: int, P: int, block_p: int, device: torch.device) -> int:
+    """How many prefix splits fill the GPU: about two programs per SM, each split at least one key
+    tile, at most MAX_PREFIX_SPLITS (each split is one more state for the block kernel to merge).
+    From shapes only, so a captured CUDA graph replays the same launch. One split off the GPU."""
+    if device.type != "cuda" or interpreting() or P == 0:
+        return 1
+    want = -(-2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device()) // programs)
+    return max(1, min(want, triton.cdiv(P, block_p), MAX_PREFIX_SPLITS))
+
+
+def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.Tensor, scale: float,
+                            count: torch.Tensor | None = None, splits: int | None = None):
     """q [R,Hq,D] (strided ok, last dim contiguous); k_pre, v_pre [Hkv,P,D] (strided views ok).
-    Returns (o [R,Hq,D] float32, lse [R,Hq] float32, natural log). With `count` (int64 0-d device
-    tensor), rows >= count are skipped (their outputs are unspecified)."""
+    Returns S states over consecutive key ranges of the prefix: (o [S,R,Hq,D] float32, lse [S,R,Hq]
+    float32, natural log); merged (attention_ref.merge_states) they are the attention over the whole
+    prefix. ``splits``: S (None: ``prefix_splits``). With `count` (int64 0-d device tensor), rows >=
+    count are skipped (their outputs are unspecified)."""
     R, Hq, D = q.shape
     Hkv, P, Dk = k_pre.shape
     assert Dk == D and v_pre.shape == k_pre.shape and Hq % Hkv == 0
     _check_last_contig(q, k_pre, v_pre)
     G = Hq // Hkv
-    o = _common.empty((R, Hq, D), torch.float32, q.device)
-    lse = _common.empty((R, Hq), torch.float32, q.device)
+    BLOCK_M, BLOCK_P, num_warps = _prefix_config(R * G, D)
+    if splits is None:
+        splits = prefix_splits(triton.cdiv(R * G, BLOCK_M) * Hkv, P, BLOCK_P, q.device)
+    if not isinstance(splits, int) or splits < 1:
+        raise ValueError(f"splits: expected an int >= 1, got {splits!r}")
+    o = _common.empty((splits, R, Hq, D), torch.float32, q.device)
+    lse = _common.empty((splits, R, Hq), torch.float32, q.device)
     if R == 0:
         return o, lse
-    BLOCK_M, BLOCK_P, num_warps = _prefix_config(R * G, D)
+    chunk = triton.cdiv(triton.cdiv(max(P, 1), splits), BLOCK_P) * BLOCK_P  # whole key tiles per split
     BLOCK_D = max(16, triton.next_power_of_2(D))
-    grid = (triton.cdiv(R * G, BLOCK_M), Hkv)
+    grid = (triton.cdiv(R * G, BLOCK_M), Hkv, splits)
     _prefix_attn_kernel[grid](
         q, k_pre, v_pre, o, lse, count if count is not None else o, float(scale),
-        R, P,
+        R, P, chunk,
         q.stride(0), q.stride(1),
         k_pre.stride(0), k_pre.stride(1),
         v_pre.stride(0), v_pre.stride(1),
-        o.stride(0), o.stride(1),
-        lse.stride(0), lse.stride(1),
+        o.stride(0), o.stride(1), o.stride(2),
+        lse.stride(0), lse.stride(1), lse.stride(2),
         HAS_COUNT=count is not None, G=G, D=D, BLOCK_D=BLOCK_D,
         BLOCK_M=BLOCK_M, BLOCK_P=BLOCK_P, DOT_T=tl_dtype(q.dtype), PREC=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=2,
@@ -185,15 +225,27 @@ def prefix_attention(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.Tensor, 
     return o, lse
 
 
+def prefix_attention(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.Tensor, scale: float,
+                     count: torch.Tensor | None = None):
+    """The prefix state in one piece: (o [R,Hq,D] float32, lse [R,Hq] float32, natural log);
+    ``prefix_attention_states`` with one split."""
+    o, lse = prefix_attention_states(q, k_pre, v_pre, scale, count, splits=1)
+    return o[0], lse[0]
+
+
 def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: torch.Tensor,
                     o_pre: torch.Tensor, lse_pre: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [R,Hq,D], k,v [R,Hkv,D] (packed rows), slot int64 [N,B], o_pre [R,Hq,D] f32,
-    lse_pre [R,Hq] f32 -> o [N,B,Hq,D] in q.dtype: each (n,b) attends with q[slot[n,b]] over
-    k/v[slot[n,0..B-1]] and the result is merged with the prefix state at slot[n,b]."""
+    """q [R,Hq,D], k,v [R,Hkv,D] (packed rows), slot int64 [N,B], prefix state o_pre [R,Hq,D] f32,
+    lse_pre [R,Hq] f32, or S split states [S,R,Hq,D] / [S,R,Hq] (``prefix_attention_states``)
+    -> o [N,B,Hq,D] in q.dtype: each (n,b) attends with q[slot[n,b]] over k/v[slot[n,0..B-1]] and
+    the result is merged with the prefix state(s) at slot[n,b]."""
     R, Hq, D = q.shape
     Hkv = k.shape[1]
     N, B = slot.shape
     assert Hq % Hkv == 0 and k.shape[-1] == D and v.shape == k.shape
+    if o_pre.dim() == 3:
+        o_pre, lse_pre = o_pre.unsqueeze(0), lse_pre.unsqueeze(0)
+    assert o_pre.shape[1:] == (R, Hq, D) and lse_pre.shape == o_pre.shape[:3]
     _check_last_contig(q, k, v, o_pre)
     if slot.stride(-1) != 1:
         slot = slot.contiguous()
@@ -212,13 +264,13 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: tor
     grid = (N * n_mt, Hkv)
     _block_attn_kernel[grid](
         q, k, v, slot, o_pre, lse_pre, out, float(scale),
-        B, n_mt,
+        B, n_mt, o_pre.shape[0],
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1),
         v.stride(0), v.stride(1),
         slot.stride(0),
-        o_pre.stride(0), o_pre.stride(1),
-        lse_pre.stride(0), lse_pre.stride(1),
+        o_pre.stride(0), o_pre.stride(1), o_pre.stride(2),
+        lse_pre.stride(0), lse_pre.stride(1), lse_pre.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         G=G, D=D, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_J=BLOCK_J,
         DOT_T=tl_dtype(q.dtype), PREC=dot_precision(q.dtype),
@@ -237,6 +289,6 @@ def branch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pre: t
     qf = q.reshape(N * B, Hq, D)
     kf = k.reshape(N * B, Hkv, D)
     vf = v.reshape(N * B, Hkv, D)
-    o_pre, lse_pre = prefix_attention(qf, k_pre, v_pre, scale)
+    o_pre, lse_pre = prefix_attention_states(qf, k_pre, v_pre, scale)
     slot = torch.arange(N * B, device=q.device, dtype=torch.int64).view(N, B)
     return block_attention(qf, kf, vf, slot, o_pre, lse_pre, scale)

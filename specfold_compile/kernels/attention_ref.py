@@ -35,6 +35,14 @@ def merge_states(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: t
     return o, lse
 
 
+def merge_split_states(o: torch.Tensor, lse: torch.Tensor):
+    """Merge S states stacked on dim 0 (o [S, ..., D], lse [S, ...]) into one, in order."""
+    o_m, lse_m = o[0].float(), lse[0].float()
+    for i in range(1, o.shape[0]):
+        o_m, lse_m = merge_states(o_m, lse_m, o[i], lse[i])
+    return o_m, lse_m
+
+
 def _group(hq: int, hkv: int) -> int:
     assert hq % hkv == 0, "Hq must be a multiple of Hkv"
     return hq // hkv
@@ -58,9 +66,11 @@ def prefix_attention_ref(q, k_pre, v_pre, scale, count=None):
 
 
 def block_attention_ref(q, k, v, slot, o_pre, lse_pre, scale):
-    """q [R,Hq,D], k,v [R,Hkv,D] packed rows; slot [N,B]; o_pre [R,Hq,D], lse_pre [R,Hq] ->
-    o [N,B,Hq,D] in q.dtype: each (n,b) attends with q[slot[n,b]] over its branch's block
-    k/v[slot[n, :]], merged with the prefix state at slot[n,b]."""
+    """q [R,Hq,D], k,v [R,Hkv,D] packed rows; slot [N,B]; o_pre [R,Hq,D], lse_pre [R,Hq] (or S split
+    states [S,R,Hq,D], [S,R,Hq], merged first) -> o [N,B,Hq,D] in q.dtype: each (n,b) attends with
+    q[slot[n,b]] over its branch's block k/v[slot[n, :]], merged with the prefix state at slot[n,b]."""
+    if o_pre.dim() == 4:
+        o_pre, lse_pre = merge_split_states(o_pre, lse_pre)
     R, Hq, D = q.shape
     Hkv = k.shape[1]
     g = _group(Hq, Hkv)

@@ -7,8 +7,8 @@ from hypothesis import given, settings, strategies as st
 pytest.importorskip("triton")
 
 from specfold_compile.kernels import (  # noqa: E402
-    block_attention, block_attention_ref, branch_attention, branch_attention_ref, merge_states,
-    prefix_attention, prefix_attention_ref, resolve_folds_ref,
+    block_attention, block_attention_ref, branch_attention, branch_attention_ref, merge_split_states, merge_states,
+    prefix_attention, prefix_attention_ref, prefix_attention_states, resolve_folds_ref,
 )
 
 from .helpers import DEVICE, DTYPES, randn, tol  # noqa: E402
@@ -162,3 +162,46 @@ def test_merge_states_edge_cases():
     o, lse = merge_states(o1, l1 + 1000.0, o2, l2)
     torch.testing.assert_close(o, o1)
     assert torch.isfinite(lse).all()
+
+
+@settings(**SETTINGS)
+@given(R=st.integers(1, 9), Hkv=st.integers(1, 2), G=st.sampled_from(GROUPS), D=st.sampled_from([8, 16]),
+       P=st.sampled_from([0, 1, 15, 16, 17, 40, 70]), splits=st.integers(1, 6), dtype=st.sampled_from(DTYPES),
+       mid_count=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_prefix_attention_split_states(R, Hkv, G, D, P, splits, dtype, mid_count, seed):
+    """Split along the prefix (flash-decoding): the S states merged are the whole prefix's state (splits
+    past the end of the prefix are empty states), and the block kernel merging all S states matches
+    the reference fed the one-piece state."""
+    gen = torch.Generator().manual_seed(seed)
+    Hq = Hkv * G
+    q = strided_q(R, Hq, D, dtype, gen)
+    k_pre, v_pre = cache_view(Hkv, P, D, dtype, gen)
+    scale = 1.0 / math.sqrt(D)
+    c = R // 2 if mid_count else R
+    count = torch.tensor(c, dtype=torch.int64, device=DEVICE) if mid_count else None
+    o, lse = prefix_attention_states(q, k_pre, v_pre, scale, count, splits=splits)
+    assert o.shape == (splits, R, Hq, D) and lse.shape == (splits, R, Hq)
+    o_m, lse_m = merge_split_states(o[:, :c], lse[:, :c])
+    o_ref, lse_ref = prefix_attention_ref(q, k_pre, v_pre, scale)
+    torch.testing.assert_close(o_m, o_ref[:c], **tol(dtype))
+    if P == 0:
+        assert torch.all(lse[:, :c] == float("-inf")) and torch.all(o[:, :c] == 0)
+    else:
+        torch.testing.assert_close(lse_m, lse_ref[:c], **tol(dtype))
+    if c == R:
+        B = R
+        k = randn(R, Hkv, D, dtype=dtype, gen=gen)
+        v = randn(R, Hkv, D, dtype=dtype, gen=gen)
+        slot = torch.randperm(R, generator=gen).view(1, B).to(DEVICE)
+        out = block_attention(q, k, v, slot, o, lse, scale)
+        ref = block_attention_ref(q, k, v, slot, o_ref, lse_ref, scale)
+        torch.testing.assert_close(out.float(), ref.float(), **tol(dtype))
+
+
+def test_prefix_splits_rejects_bad_counts():
+    gen = torch.Generator().manual_seed(9)
+    q = strided_q(3, 2, 8, torch.float32, gen)
+    k_pre, v_pre = cache_view(1, 5, 8, torch.float32, gen)
+    for bad in (0, -1, 2.0):
+        with pytest.raises(ValueError, match="splits"):
+            prefix_attention_states(q, k_pre, v_pre, 0.3, splits=bad)
