@@ -89,7 +89,7 @@ def _prefix_attn_kernel(
 @triton.jit
 def _block_attn_kernel(
     q_ptr, k_ptr, v_ptr, slot_ptr, opre_ptr, lsepre_ptr, out_ptr, scale,
-    B, N_MT,
+    B, N_MT, S,
     stride_qr, stride_qh,
     stride_kr, stride_kh,
     stride_vr, stride_vh,
@@ -99,7 +99,6 @@ def _block_attn_kernel(
     stride_on, stride_ob, stride_oh,
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, DOT_T: tl.constexpr, PREC: tl.constexpr,
-    S: tl.constexpr, S_POW2: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kvh = tl.program_id(1).to(tl.int64)
@@ -116,10 +115,6 @@ def _block_attn_kernel(
     qrow = tl.load(slot_ptr + n * stride_sn + b, mask=mvalid, other=0)
     q = tl.load(q_ptr + qrow[:, None] * stride_qr + head[:, None] * stride_qh + dd[None, :],
                 mask=qmask, other=0.0).to(tl.float32)
-    # the S prefix states' lse of the origin rows, in one load, issued early
-    ss = tl.arange(0, S_POW2)
-    lse_pre = tl.load(lsepre_ptr + ss[:, None] * stride_ls + qrow[None, :] * stride_lr + head[None, :] * stride_lh,
-                      mask=(ss[:, None] < S) & mvalid[None, :], other=float("-inf")).to(tl.float32)
     # the branch's own block: keys/values of (n, j) through the origin map
     jj = tl.arange(0, BLOCK_J)
     jmask = jj < B
@@ -138,19 +133,23 @@ def _block_attn_kernel(
     o_blk = acc / l_safe[:, None]
     lse_blk = tl.where(l_b > 0.0, m_b + tl.log(l_safe), float("-inf"))
     # merge with the S prefix states of the origin row (attention_ref.merge_states, over S + 1 states):
-    # the largest lse first, then weights, then the weighted outputs (a zero weight lets nothing through).
-    # S is a constexpr so the state loads unroll and go out together, not one round trip per split.
-    m = tl.maximum(lse_blk, tl.max(lse_pre, axis=0))
+    # the largest lse first, then weights, then the weighted outputs (a zero weight lets nothing through)
+    lse_base = lsepre_ptr + qrow * stride_lr + head * stride_lh
+    o_base = opre_ptr + qrow[:, None] * stride_pr + head[:, None] * stride_ph + dd[None, :]
+    m = lse_blk
+    for s in range(S):
+        lse_s = tl.load(lse_base + s * stride_ls, mask=mvalid, other=float("-inf")).to(tl.float32)
+        m = tl.maximum(m, lse_s)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w_blk = tl.exp(lse_blk - m_safe)
-    w_pre = tl.exp(lse_pre - m_safe[None, :])  # [S_POW2, BLOCK_M]; 0 for padding and empty splits
-    den = w_blk + tl.sum(w_pre, axis=0)
+    den = w_blk
     acc_o = tl.where(w_blk[:, None] > 0.0, w_blk[:, None] * o_blk, 0.0)
-    o_base = opre_ptr + qrow[:, None] * stride_pr + head[:, None] * stride_ph + dd[None, :]
-    for s in tl.static_range(S):
-        w_s = tl.sum(tl.where(ss[:, None] == s, w_pre, 0.0), axis=0)
+    for s in range(S):
+        lse_s = tl.load(lse_base + s * stride_ls, mask=mvalid, other=float("-inf")).to(tl.float32)
+        w_s = tl.exp(lse_s - m_safe)
         o_s = tl.load(o_base + s * stride_ps, mask=qmask, other=0.0).to(tl.float32)
         acc_o += tl.where(w_s[:, None] > 0.0, w_s[:, None] * o_s, 0.0)
+        den += w_s
     ok = den > 0.0
     o = acc_o * tl.where(ok, 1.0 / tl.where(ok, den, 1.0), 0.0)[:, None]
     out_off = n * stride_on + b.to(tl.int64)[:, None] * stride_ob + head[:, None] * stride_oh + dd[None, :]
@@ -169,7 +168,7 @@ def _prefix_config(M_total: int, D: int):
     return block_m, 64, 4 if block_m == 64 else 8
 
 
-MAX_PREFIX_SPLITS = 8
+MAX_PREFIX_SPLITS = 16
 
 
 @functools.lru_cache(maxsize=None)
@@ -265,7 +264,7 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: tor
     grid = (N * n_mt, Hkv)
     _block_attn_kernel[grid](
         q, k, v, slot, o_pre, lse_pre, out, float(scale),
-        B, n_mt,
+        B, n_mt, o_pre.shape[0],
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1),
         v.stride(0), v.stride(1),
@@ -275,7 +274,6 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: tor
         out.stride(0), out.stride(1), out.stride(2),
         G=G, D=D, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_J=BLOCK_J,
         DOT_T=tl_dtype(q.dtype), PREC=dot_precision(q.dtype),
-        S=o_pre.shape[0], S_POW2=max(2, triton.next_power_of_2(o_pre.shape[0])),
         num_warps=num_warps, num_stages=1,
     )
     return out
