@@ -169,6 +169,14 @@ def _prefix_config(M_total: int, D: int):
 
 
 MAX_PREFIX_SPLITS = 16
+# The split count's cost model, from the H200 kernel benchmark (bench/kernels/bench_attention.py,
+# session 6; 1.5B shape, N = 1): walking the prefix costs ~1.0 us a 64-key tile in a program (36 us for
+# 2048 keys), and every split beyond the first costs block_attention ~1.5 us to merge (its per-split
+# loop: 7 -> 30.5 us for 16 splits). Splitting only pays where few programs walk a long prefix; at 512
+# keys it lost at every N measured (N = 1: 18 -> 22 us for both kernels), so shorter prefixes never split.
+SPLIT_TILE_US = 1.0
+SPLIT_MERGE_US = 1.5
+MIN_SPLIT_PREFIX = 1024
 
 
 @functools.lru_cache(maxsize=None)
@@ -177,13 +185,18 @@ def _sm_count(device_index: int) -> int:
 
 
 def prefix_splits(programs: int, P: int, block_p: int, device: torch.device) -> int:
-    """How many prefix splits fill the GPU: about two programs per SM, each split at least one key
-    tile, at most MAX_PREFIX_SPLITS (each split is one more state for the block kernel to merge).
-    From shapes only, so a captured CUDA graph replays the same launch. One split off the GPU."""
-    if device.type != "cuda" or interpreting() or P == 0:
+    """The split count with the least estimated time of both kernels: the key tiles each program walks
+    plus the merge cost of the extra states, among the counts that keep every program on an SM of its
+    own (beyond one wave the measured prefix kernel gained nothing from splitting: 1.5B, N = 17 and 33).
+    One split off the GPU and below MIN_SPLIT_PREFIX keys. From shapes only, so a captured CUDA graph
+    replays the same launch."""
+    if device.type != "cuda" or interpreting() or P < MIN_SPLIT_PREFIX:
         return 1
-    want = -(-2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device()) // programs)
-    return max(1, min(want, triton.cdiv(P, block_p), MAX_PREFIX_SPLITS))
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    tiles = triton.cdiv(P, block_p)
+    most = max(1, min(tiles, MAX_PREFIX_SPLITS, sms // max(programs, 1)))
+    return min(range(1, most + 1),
+               key=lambda s: SPLIT_TILE_US * triton.cdiv(tiles, s) + SPLIT_MERGE_US * (s - 1))
 
 
 def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.Tensor, scale: float,

@@ -205,3 +205,27 @@ def test_prefix_splits_rejects_bad_counts():
     for bad in (0, -1, 2.0):
         with pytest.raises(ValueError, match="splits"):
             prefix_attention_states(q, k_pre, v_pre, 0.3, splits=bad)
+
+
+def test_prefix_split_count_rule(monkeypatch):
+    """The split count (host side, from shapes): one split below MIN_SPLIT_PREFIX keys or off the GPU;
+    otherwise never more programs than SMs, never more splits than key tiles or MAX_PREFIX_SPLITS, and
+    more programs never get more splits."""
+    import types
+
+    from specfold_compile.kernels import attention as A
+
+    monkeypatch.setattr(A, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(A, "interpreting", lambda: False)
+    gpu, cpu = types.SimpleNamespace(type="cuda", index=0), types.SimpleNamespace(type="cpu", index=None)
+    assert A.prefix_splits(6, 8192, 64, cpu) == 1
+    for P in (0, 64, 512, A.MIN_SPLIT_PREFIX - 1):
+        assert A.prefix_splits(6, P, 64, gpu) == 1
+    assert A.prefix_splits(6, 2048, 64, gpu) > 1  # few programs, long prefix: split
+    for P in (1024, 2048, 4096, 8192, 32768):
+        last = A.MAX_PREFIX_SPLITS
+        for programs in (1, 2, 6, 16, 30, 54, 66, 132, 133, 500):
+            s = A.prefix_splits(programs, P, 64, gpu)
+            assert 1 <= s <= min(A.MAX_PREFIX_SPLITS, -(-P // 64)) and s <= last
+            assert s == 1 or programs * s <= 132
+            last = s
