@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|writes|memory|end_to_end|breakdown|kernels|kernels_linear|gate_flags|min_spill [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|writes|memory|end_to_end|breakdown|kernels|kernels_linear|gate_flags|min_spill [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -22,6 +22,9 @@ case "$part" in
   per_check_1.5b) run --suite per_check --models fast-dllm-v2-1.5b --budget 540 ;;
   per_check_7b)   run --suite per_check --models fast-dllm-v2-7b --budget 540 ;;
   per_check_nld)  run --suite per_check --models nld-3b --budget 540 ;;
+  per_check_split) # the per_check points that split the prefix and predate the split (session 6 ran out of
+                  # device time): 1.5B, prefix 2048, N = 5 and 9 (~250 s, mostly Inductor compiles)
+                  run --suite per_check --models fast-dllm-v2-1.5b --prefixes 2048 --ns 5,9 --budget 540 ;;
   writes)         # block-write latency, eager and Inductor (~90 s a model, the compile); merge into per_check.json
                   run --suite writes --budget 540 ;;
   memory)         run --suite memory ;;
