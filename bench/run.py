@@ -289,7 +289,7 @@ def suite_writes(args) -> list[dict]:
     for name in args.models or (MODELS if not args.quick else MODELS[:1]):
         torch._dynamo.reset()
         model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
-        compiled = model._compiled_append_block()
+        compiled = model.compiled_append_block()
         causal = model.config.family == "nld"
         for prefix in args.prefixes or ((512, 2048) if not args.quick else (512,)):
             if deadline.left() < 20:

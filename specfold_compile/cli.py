@@ -27,7 +27,8 @@ def _run(model, prompt_ids, mode: str, args, compiled=None):
     target = compiled if mode == "specfold" else model
     return generate(target, prompt_ids, mode="vanilla" if mode == "vanilla" else "spiffy",
                     max_new_tokens=args.max_new_tokens, threshold=args.threshold,
-                    draft_budget=args.draft_budget, draft_graph=resolve_draft_graph(args.model, args.draft_graph))
+                    draft_budget=args.draft_budget, draft_graph=resolve_draft_graph(args.model, args.draft_graph),
+                    compile_writes=mode == "specfold" and getattr(args, "compile_writes", False))
 
 
 def cmd_generate(args) -> int:
@@ -120,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     decoding_args(p)
     p.add_argument("--prompt", required=True)
     p.add_argument("--mode", choices=("vanilla", "spiffy", "specfold"), default="spiffy")
+    p.add_argument("--compile-writes", action="store_true",
+                   help="specfold mode: also compile the prefill and block writes (torch.compile, default backend)")
     p.set_defaults(fn=cmd_generate)
 
     p = sub.add_parser("demo", help="vanilla vs Spiffy vs SpecFold on a tiny model, a few prompts")

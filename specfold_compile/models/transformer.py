@@ -397,7 +397,7 @@ class BlockDiffusionLM(nn.Module):
             raise ValueError(f"block_tokens: ids must lie in [0, {self.config.vocab_size})")
         append = self.append_block
         if compiled:
-            append = self._compiled_append_block()
+            append = self.compiled_append_block()
             # Lengths change every call: trace them as dynamic from the start (one graph for prompts,
             # P = 0, dynamic S; one for blocks, dynamic P) instead of recompiling on the second size.
             if s > 1 and p == 0:
@@ -422,7 +422,9 @@ class BlockDiffusionLM(nn.Module):
         h, keys, values = self._sequence(block_tokens[None], positions, allowed[None], (keys, values))
         return keys, values, self.head(h[0, -1])
 
-    def _compiled_append_block(self):
+    def compiled_append_block(self):
+        """``append_block`` under ``torch.compile`` (default backend), made on first use and kept: what
+        ``write_block(compiled=True)`` runs."""
         fn = self.__dict__.get("_append_block_compiled")
         if fn is None:  # one compiled function per model, kept out of the module's state
             fn = torch.compile(self.append_block)

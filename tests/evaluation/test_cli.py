@@ -58,3 +58,14 @@ def test_sweep_writes_csv_and_png(tmp_path):
     assert float(rows[0]["fold_argmax_agree"]) == 1.0  # P1
     png = (tmp_path / "sweep.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_generate_specfold_with_compiled_writes(capsys):
+    """``specfold generate --mode specfold --compile-writes``: the same text as without compiled writes."""
+    args = ["generate", "--prompt", "3+4=", "--max-new-tokens", "24", "--mode", "specfold"]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    assert main(args + ["--compile-writes"]) == 0
+    compiled = capsys.readouterr().out
+    assert "mode=specfold" in compiled
+    assert compiled.split("\nmode=")[0] == plain.split("\nmode=")[0]
