@@ -68,6 +68,12 @@ def _inputs(model, n_rows: int, changed: int, seed: int, cache=None):
     return tokens, parents
 
 
+def _model(args, name: str):
+    """A random bf16 model of this preset (seed 0), with q/k/v and gate/up fused if --fuse-projections."""
+    model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
+    return model.fuse_projections() if getattr(args, "fuse_projections", False) else model
+
+
 def _prefix(model, length: int, seed: int):
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, min(model.config.vocab_size, 30000), (length,), generator=gen).to(DEVICE)
@@ -129,7 +135,7 @@ def suite_check(args) -> list[dict]:
     rows = []
     for name in ("fast-dllm-v2-1.5b", "nld-3b"):
         torch._dynamo.reset()
-        model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
+        model = _model(args, name)
         model32 = build(name, device=DEVICE, dtype=torch.float32, seed=None, **SHAPE.get(name, {}))
         model32.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
         cache, cache32 = _prefix(model, 512, 1), _prefix(model32, 512, 1)
@@ -191,7 +197,7 @@ def suite_per_check(args) -> list[dict]:
     ratios = {t: c for t, c in CHANGED_FOR_RATIO.items() if not args.ratios or t in args.ratios}
     for name in args.models or (MODELS if not args.quick else MODELS[:1]):
         torch._dynamo.reset()
-        model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
+        model = _model(args, name)
         cfg = model.config
         options = {"tau": TAU, "kernels": KERNELS, "fold_head": args.fold_head, "dense_fraction": args.dense_fraction,
                    "min_spill_us": args.min_spill_us, "fold_min_branches": args.fold_min_branches}
@@ -209,7 +215,8 @@ def suite_per_check(args) -> list[dict]:
                 if deadline.left() < 20:
                     print("per_check: time budget reached, stopping", flush=True)
                     return rows
-                base = {"model": name, "prefix": prefix, "n_branches": n_rows}
+                base = {"model": name, "prefix": prefix, "n_branches": n_rows,
+                        **({"fused_projections": True} if args.fuse_projections else {})}
                 tokens, parents = _inputs(model, n_rows, 4, n_rows, cache)
                 try:
                     with torch.no_grad():
@@ -288,7 +295,7 @@ def suite_writes(args) -> list[dict]:
     deadline = Deadline(args.budget)
     for name in args.models or (MODELS if not args.quick else MODELS[:1]):
         torch._dynamo.reset()
-        model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
+        model = _model(args, name)
         compiled = model.compiled_append_block()
         causal = model.config.family == "nld"
         for prefix in args.prefixes or ((512, 2048) if not args.quick else (512,)):
@@ -327,7 +334,7 @@ def suite_memory(args) -> list[dict]:
     rows = []
     name = "fast-dllm-v2-7b"
     torch._dynamo.reset()
-    model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
+    model = _model(args, name)
     cfg = model.config
     folded = torch.compile(model, backend=specfold_backend, options={"tau": TAU, "kernels": KERNELS})
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -388,7 +395,7 @@ def suite_breakdown(args) -> list[dict]:
     rows = []
     for name in args.models or ("fast-dllm-v2-1.5b", "fast-dllm-v2-7b"):
         torch._dynamo.reset()
-        model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
+        model = _model(args, name)
         cache = _prefix(model, 512, 1)
         for n_rows, mode in [(n, m) for n in (args.ns or (17,)) for m in args.breakdown_modes]:
             tokens, parents = _inputs(model, n_rows, 6, n_rows, cache)
@@ -578,6 +585,9 @@ def main(argv=None) -> int:
     ap.add_argument("--fold-min-branches", type=int, default=None,
                     help="SpecFold options['fold_min_branches'] (per_check; default None: the cost model)")
     ap.add_argument("--fold-head", action="store_true", help="per_check: SpecFold with options['fold_head']")
+    ap.add_argument("--fuse-projections", action="store_true",
+                    help="check / per_check / writes / memory / breakdown: models with q/k/v and gate/up fused "
+                         "(model.fuse_projections())")
     ap.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes on the CPU, to test the suites")
     ap.add_argument("--models", type=lambda v: tuple(v.split(",")), default=None,
                     help=f"per_check / breakdown / writes: comma-separated subset of {','.join(MODELS)}")

@@ -36,8 +36,56 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+class FusedLinear(nn.Module):
+    """Linears of one input as one GEMM, as gpt-fast and vLLM keep q/k/v and gate/up: one weight
+    [sum of outputs, in] (and bias); ``forward`` returns the parts' outputs, split along the last dim.
+    Made by ``fuse_linears``, which keeps the parts' checkpoint names in the parent's state_dict."""
+
+    def __init__(self, parts: list[nn.Linear]):
+        super().__init__()
+        self.sizes = [part.out_features for part in parts]
+        self.weight = nn.Parameter(torch.cat([part.weight.detach() for part in parts]))
+        has_bias = [part.bias is not None for part in parts]
+        if any(has_bias) and not all(has_bias):
+            raise ValueError("fuse_linears: expected all parts with a bias or none")
+        self.bias = nn.Parameter(torch.cat([part.bias.detach() for part in parts])) if all(has_bias) else None
+
+    def forward(self, x: Tensor) -> tuple[Tensor, ...]:
+        return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+
+
+def fuse_linears(parent: nn.Module, names: list[str], fused_name: str) -> None:
+    """Replace ``parent``'s nn.Linear children ``names`` (same input size) by one ``FusedLinear``
+    ``fused_name``. ``parent.state_dict()`` still names the parts (views of the fused tensors, so
+    copying into them, as ``checkpoint.load_weights`` does, writes the fused weight) and
+    ``load_state_dict`` takes the parts' names: checkpoints save and load unchanged."""
+    parts = [getattr(parent, name) for name in names]
+    if not all(type(part) is nn.Linear for part in parts) or len({part.in_features for part in parts}) != 1:
+        raise TypeError(f"fuse_linears: {names} must be nn.Linear of one input size")
+    fused = FusedLinear(parts)
+    for name in names:
+        delattr(parent, name)
+    setattr(parent, fused_name, fused)
+    kinds = ("weight", "bias") if fused.bias is not None else ("weight",)
+
+    def split_names(module, state_dict, prefix, local_metadata):
+        for kind in kinds:
+            whole = state_dict.pop(f"{prefix}{fused_name}.{kind}")
+            for name, piece in zip(names, whole.split(fused.sizes)):
+                state_dict[f"{prefix}{name}.{kind}"] = piece
+
+    def join_names(module, state_dict, prefix, *args):
+        for kind in kinds:
+            keys = [f"{prefix}{name}.{kind}" for name in names]
+            if all(key in state_dict for key in keys):
+                state_dict[f"{prefix}{fused_name}.{kind}"] = torch.cat([state_dict.pop(key) for key in keys])
+
+    parent.register_state_dict_post_hook(split_names)
+    parent.register_load_state_dict_pre_hook(join_names)
+
+
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); gate and up may be fused (``gate_up_proj``)."""
 
     def __init__(self, hidden: int, ffn: int):
         super().__init__()
@@ -46,7 +94,11 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(ffn, hidden, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if hasattr(self, "gate_up_proj"):
+            gate, up = self.gate_up_proj(x)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class AttentionProjections(nn.Module):
@@ -155,9 +207,11 @@ class DecoderLayer(nn.Module):
     def qkv(self, h: Tensor, pos: PositionTables) -> tuple[Tensor, Tensor, Tensor]:
         x = self.input_layernorm(h)
         lead = x.shape[:-1]
-        q = self.self_attn.q_proj(x).view(*lead, self.num_heads, self.head_dim)
-        k = self.self_attn.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
-        v = self.self_attn.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        attn = self.self_attn
+        q, k, v = attn.qkv_proj(x) if hasattr(attn, "qkv_proj") else (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
+        q = q.view(*lead, self.num_heads, self.head_dim)
+        k = k.view(*lead, self.num_kv_heads, self.head_dim)
+        v = v.view(*lead, self.num_kv_heads, self.head_dim)
         q = apply_rope(q, pos.cos, pos.sin)
         k = apply_rope(k, pos.cos, pos.sin)
         if pos.q_scale is not None:
@@ -345,6 +399,21 @@ class BlockDiffusionLM(nn.Module):
         mask = attn_mask if attn_mask.dim() == 3 else attn_mask[None]
         h, _, _ = self._sequence(ids, positions, mask, None, keep_kv=False)
         return self.head(h)
+
+    def fuse_projections(self) -> "BlockDiffusionLM":
+        """Each layer's q/k/v projections as one GEMM (``self_attn.qkv_proj``) and gate/up as one
+        (``mlp.gate_up_proj``), as gpt-fast and vLLM keep them: two launches a layer instead of five,
+        and for the folded forward two packed linears instead of five. Same outputs (to float rounding);
+        state_dict and checkpoint names stay the parts' (``fuse_linears``). Idempotent; returns self."""
+        for layer in self.layers:
+            if not all(type(m) in (AttentionProjections, MLP) for m in (layer.self_attn, layer.mlp)):
+                raise TypeError("fuse_projections: this model's layers are not the package's own modules "
+                                "(a from_hf model shares its weights with transformers; fusing would copy them)")
+            if not hasattr(layer.self_attn, "qkv_proj"):
+                fuse_linears(layer.self_attn, ["q_proj", "k_proj", "v_proj"], "qkv_proj")
+            if not hasattr(layer.mlp, "gate_up_proj"):
+                fuse_linears(layer.mlp, ["gate_proj", "up_proj"], "gate_up_proj")
+        return self
 
     def empty_cache(self, device: torch.device | str | None = None) -> PrefixCache:
         cfg = self.config
