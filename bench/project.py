@@ -128,12 +128,11 @@ def project(run_rows: list[dict], table: dict, shape: str) -> list[dict]:
             continue  # projected from the fold_all run (its calls carry the ratios)
         mode = "specfold" if r["mode"] == "specfold_fold_all" else r["mode"]
         variants = [(mode, mode == "spiffy_compiled", bool(r.get("compile_writes")))]
-        if (r["mode"] == "spiffy" and (r["task"], "spiffy_compiled") not in measured
-                and _covers(table.get("dense_compiled", {}), r["calls"])):
+        if r["mode"] == "spiffy" and (r["task"], "spiffy_compiled") not in measured:
             variants.append(("spiffy_compiled", True, True))
         for mode, compiled, compiled_writes in variants:
             if compiled and not _covers(table.get("dense_compiled", {}), r["calls"]):
-                continue
+                continue  # no extrapolation for a whole compiled baseline
             folded = mode == "specfold"
             other_ms = write_ms(table, compiled_writes)
             total = sum(call_ms(table, n, ratio, folded, compiled, shape) for n, ratio in r["calls"])

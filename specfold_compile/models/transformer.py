@@ -471,8 +471,8 @@ class BlockDiffusionLM(nn.Module):
             # P = 0, dynamic S; one for blocks, dynamic P) instead of recompiling on the second size.
             if s > 1 and p == 0:
                 torch._dynamo.maybe_mark_dynamic(block_tokens, 0)
-            for t in (*cache.keys, *cache.values):
-                if p > 1:
+            if p > 1:
+                for t in (*cache.keys, *cache.values):
                     torch._dynamo.maybe_mark_dynamic(t, 1)
         keys, values, next_logits = append(cache.keys, cache.values, block_tokens, bool(causal))
         return PrefixCache(keys, values, next_logits, self.model_uid)
