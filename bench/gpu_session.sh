@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|fused|writes|memory|end_to_end|breakdown|kernels|kernels_linear|gate_flags|min_spill [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|writes|memory|end_to_end|breakdown|kernels|kernels_linear|gate_flags|min_spill [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -25,9 +25,9 @@ case "$part" in
   per_check_split) # the per_check points that split the prefix and predate the split (session 6 ran out of
                   # device time): 1.5B, prefix 2048, N = 5 and 9 (~250 s, mostly Inductor compiles)
                   run --suite per_check --models fast-dllm-v2-1.5b --prefixes 2048 --ns 5,9 --budget 540 ;;
-  fused)          # model.fuse_projections() (q/k/v and gate/up as one GEMM each) against per_check.json, prefix
-                  # 512, one shape per call or two side by side: bash bench/gpu_session.sh fused --models NAME
-                  run --suite per_check --prefixes 512 --ns 1,5,13,17,33 --ratios 0.1,0.25 --fuse-projections --budget 540 ;;
+  unfused)        # ablation: q/k/v and gate/up as separate GEMMs (the models fuse them by default), prefix 512,
+                  # one shape per call or two side by side: bash bench/gpu_session.sh unfused --models NAME
+                  run --suite per_check --prefixes 512 --ns 1,5,13,17,33 --ratios 0.1,0.25 --no-fuse-projections --budget 540 ;;
   writes)         # block-write latency, eager and Inductor (~90 s a model, the compile); merge into per_check.json
                   run --suite writes --budget 540 ;;
   memory)         run --suite memory ;;

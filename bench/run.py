@@ -69,9 +69,10 @@ def _inputs(model, n_rows: int, changed: int, seed: int, cache=None):
 
 
 def _model(args, name: str):
-    """A random bf16 model of this preset (seed 0), with q/k/v and gate/up fused if --fuse-projections."""
-    model = build(name, device=DEVICE, dtype=torch.bfloat16, seed=0, **SHAPE.get(name, {}))
-    return model.fuse_projections() if getattr(args, "fuse_projections", False) else model
+    """A random bf16 model of this preset (seed 0); q/k/v and gate/up fused (the default) unless
+    --no-fuse-projections."""
+    return build(name, device=DEVICE, dtype=torch.bfloat16, seed=0,
+                 fuse_projections=getattr(args, "fuse_projections", True), **SHAPE.get(name, {}))
 
 
 def _prefix(model, length: int, seed: int):
@@ -216,7 +217,7 @@ def suite_per_check(args) -> list[dict]:
                     print("per_check: time budget reached, stopping", flush=True)
                     return rows
                 base = {"model": name, "prefix": prefix, "n_branches": n_rows,
-                        **({"fused_projections": True} if args.fuse_projections else {})}
+                        **({} if args.fuse_projections else {"fused_projections": False})}
                 tokens, parents = _inputs(model, n_rows, 4, n_rows, cache)
                 try:
                     with torch.no_grad():
@@ -422,6 +423,9 @@ def suite_breakdown(args) -> list[dict]:
                     for _ in range(5):
                         fn(tokens, parents, cache)
                     torch.cuda.synchronize()
+            tag = f"{name}_{mode}_n{n_rows}"
+            (out_dir() / f"breakdown_kernels_{tag}.txt").write_text(  # every kernel, for finer reading
+                prof.key_averages().table(sort_by="cuda_time_total", row_limit=60, max_name_column_width=90))
             groups: dict[str, list] = {}
             for evt in prof.key_averages():
                 us = evt.device_time_total if hasattr(evt, "device_time_total") else evt.cuda_time_total
@@ -588,9 +592,10 @@ def main(argv=None) -> int:
     ap.add_argument("--fold-min-branches", type=int, default=None,
                     help="SpecFold options['fold_min_branches'] (per_check; default None: the cost model)")
     ap.add_argument("--fold-head", action="store_true", help="per_check: SpecFold with options['fold_head']")
-    ap.add_argument("--fuse-projections", action="store_true",
-                    help="check / per_check / writes / memory / breakdown: models with q/k/v and gate/up fused "
-                         "(model.fuse_projections())")
+    ap.add_argument("--no-fuse-projections", dest="fuse_projections", action="store_false",
+                    help="check / per_check / writes / memory / breakdown: models with q/k/v and gate/up as "
+                         "separate GEMMs (the models' default fuses them); per_check rows get "
+                         "fused_projections=false")
     ap.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes on the CPU, to test the suites")
     ap.add_argument("--models", type=lambda v: tuple(v.split(",")), default=None,
                     help=f"per_check / breakdown / writes: comma-separated subset of {','.join(MODELS)}")

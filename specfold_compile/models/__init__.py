@@ -24,35 +24,44 @@ __all__ = ["build", "from_config", "from_pretrained", "from_hf", "PRESETS", "Mod
 _CLASSES = {FAST_DLLM_V2: FastDLLMv2, NLD: NemotronLabsDiffusion}
 
 
-def from_config(config: ModelConfig, device: str | torch.device | None = None, seed: int | None = 0
-                ) -> BlockDiffusionLM:
-    """Instantiate a model; weights are seeded random (skipped on the meta device or with seed=None)."""
+def from_config(config: ModelConfig, device: str | torch.device | None = None, seed: int | None = 0,
+                fuse_projections: bool = True) -> BlockDiffusionLM:
+    """Instantiate a model; weights are seeded random (skipped on the meta device or with seed=None).
+
+    ``fuse_projections`` (default): q/k/v and gate/up as one GEMM each (``model.fuse_projections()``;
+    measured on the H200, README "Fused projections"); the seeded weights and the state_dict names are
+    the same either way. ``False`` keeps the part modules (``self_attn.q_proj``, ...)."""
     device = torch.device(device or "cpu")
     with torch.device(device):
         model = _CLASSES[config.family](config)
     model.to(dtype=config.dtype)
     if device.type != "meta" and seed is not None:
         init_weights(model, config.initializer_range, torch.Generator(device=device).manual_seed(seed))
+    if fuse_projections:
+        model.fuse_projections()
     model.eval()
     model.requires_grad_(False)
     return model
 
 
-def build(name: str, *, device: str | torch.device | None = None, seed: int = 0, **overrides: Any
-          ) -> BlockDiffusionLM:
+def build(name: str, *, device: str | torch.device | None = None, seed: int = 0, fuse_projections: bool = True,
+          **overrides: Any) -> BlockDiffusionLM:
     """A seeded random model of preset ``name`` (see ``PRESETS``); any config field can be overridden,
-    e.g. ``build("nld-3b", num_layers=2, dtype=torch.bfloat16, device="cuda")``."""
-    return from_config(preset(name, **overrides), device=device, seed=seed)
+    e.g. ``build("nld-3b", num_layers=2, dtype=torch.bfloat16, device="cuda")``. ``fuse_projections``:
+    see ``from_config``."""
+    return from_config(preset(name, **overrides), device=device, seed=seed, fuse_projections=fuse_projections)
 
 
 def from_pretrained(path: str | os.PathLike, *, device: str | torch.device | None = None,
-                    dtype: torch.dtype | None = None) -> BlockDiffusionLM:
+                    dtype: torch.dtype | None = None, fuse_projections: bool = True) -> BlockDiffusionLM:
     """Load a local checkpoint directory (config.json + safetensors, sharded or not). The tokenizer, when
     ``tokenizer.json`` is present, is attached as ``model.tokenizer`` (a ``tokenizers.Tokenizer``)."""
     path = Path(path)
     config = read_config(path, **({"dtype": dtype} if dtype is not None else {}))
-    model = from_config(config, device="cpu", seed=None)
+    model = from_config(config, device="cpu", seed=None, fuse_projections=False)
     load_weights(model, path)
+    if fuse_projections:  # after loading: the checkpoint's tensors are the parts', fused by one cat each
+        model.fuse_projections()
     model.tokenizer = None
     if (path / "tokenizer.json").is_file():
         from tokenizers import Tokenizer

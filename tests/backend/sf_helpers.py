@@ -60,6 +60,7 @@ class ModelSpec:
     bias: bool = True
     block: int = 16
     seed: int = 0
+    fused: bool = True  # q/k/v and gate/up as one linear each (the models' default)
 
     @property
     def heads(self) -> int:
@@ -69,7 +70,7 @@ class ModelSpec:
         return build(FAMILIES[self.family], seed=self.seed, num_layers=self.layers, hidden_size=self.hidden,
                      num_heads=self.heads, num_kv_heads=self.kv_heads, head_dim=self.head_dim,
                      intermediate_size=2 * self.hidden, attention_bias=self.bias, block_size=self.block,
-                     sub_block_size=8 if self.family == "fast-dllm-v2" else None)
+                     sub_block_size=8 if self.family == "fast-dllm-v2" else None, fuse_projections=self.fused)
 
 
 @st.composite

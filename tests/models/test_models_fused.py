@@ -1,4 +1,5 @@
-"""fuse_projections: q/k/v and gate/up as one GEMM each, same outputs, checkpoint names unchanged."""
+"""fuse_projections (the models' default): q/k/v and gate/up as one GEMM each, same outputs as the part
+modules (``fuse_projections=False``), checkpoint names unchanged."""
 from __future__ import annotations
 
 import pytest
@@ -24,7 +25,8 @@ def _call(model, seed=0):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_fused_matches_unfused_and_keeps_the_names(name):
-    plain, fused = build(name, seed=0), build(name, seed=0).fuse_projections()
+    plain, fused = build(name, seed=0, fuse_projections=False), build(name, seed=0)
+    assert hasattr(plain.layers[0].self_attn, "q_proj") and hasattr(plain.layers[0].mlp, "gate_proj")
     layer = fused.layers[0]
     assert hasattr(layer.self_attn, "qkv_proj") and not hasattr(layer.self_attn, "q_proj")
     assert hasattr(layer.mlp, "gate_up_proj") and not hasattr(layer.mlp, "gate_proj")
@@ -43,28 +45,30 @@ def test_fused_matches_unfused_and_keeps_the_names(name):
 def test_fused_loads_and_saves_checkpoints(name, tmp_path):
     """Weights written into the parts' names land in the fused tensors: load_state_dict, and
     checkpoints both ways between fused and unfused models."""
-    source = build(name, seed=1)
-    fused = build(name, seed=2).fuse_projections()
+    source = build(name, seed=1, fuse_projections=False)
+    fused = build(name, seed=2)
     fused.load_state_dict(source.state_dict())
     for x, y in zip(_call(source), _call(fused)):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
     save_checkpoint(fused, tmp_path / "fused")
-    reloaded = from_pretrained(tmp_path / "fused")  # unfused, from the fused model's checkpoint
+    reloaded = from_pretrained(tmp_path / "fused", fuse_projections=False)  # from the fused model's checkpoint
+    assert hasattr(reloaded.layers[0].self_attn, "q_proj")
     save_checkpoint(source, tmp_path / "plain")
-    refused = from_pretrained(tmp_path / "plain").fuse_projections()
+    refused = from_pretrained(tmp_path / "plain")  # fused by default
+    assert hasattr(refused.layers[0].self_attn, "qkv_proj") and hasattr(refused.layers[0].mlp, "gate_up_proj")
     for x, y, z in zip(_call(source), _call(reloaded), _call(refused)):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(x, z, rtol=1e-5, atol=1e-5)
 
 
 def test_fused_converts_dtype_with_the_model():
-    fused = build("tiny-fast-dllm-v2", seed=0).fuse_projections().to(torch.float64)
+    fused = build("tiny-fast-dllm-v2", seed=0).to(torch.float64)
     assert fused.layers[0].self_attn.qkv_proj.weight.dtype == torch.float64
     assert all(t.dtype == torch.float64 for k, t in fused.state_dict().items() if "proj" in k)
 
 
 def test_fuse_rejects_foreign_layers():
-    model = build("tiny-fast-dllm-v2", seed=0)
+    model = build("tiny-fast-dllm-v2", seed=0, fuse_projections=False)
     model.layers[0].mlp = torch.nn.Sequential(torch.nn.Linear(4, 4))  # not the package's MLP
     with pytest.raises(TypeError, match="fuse_projections"):
         model.fuse_projections()
@@ -85,7 +89,7 @@ def test_backend_folds_a_fused_model(name, kernels):
         if not triton_available():
             pytest.skip("needs TRITON_INTERPRET=1 or a GPU")
 
-    plain, fused = build(name, seed=0), build(name, seed=0).fuse_projections()
+    plain, fused = build(name, seed=0, fuse_projections=False), build(name, seed=0)
     gen = torch.Generator().manual_seed(3)
     B = plain.config.block_size
     rows = [torch.randint(0, plain.config.vocab_size, (B,), generator=gen)]

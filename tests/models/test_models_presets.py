@@ -27,16 +27,22 @@ def test_big_presets_on_meta(name):
             cfg.intermediate_size, cfg.vocab_size, cfg.mask_token_id) == (layers, hidden, heads, kv, 128, ffn,
                                                                         vocab, mask)
     assert len(model.layers) == layers
+    # Built with q/k/v and gate/up fused (the default); the state_dict keeps the checkpoint's part names.
     attn, mlp = model.layers[0].self_attn, model.layers[-1].mlp
-    assert attn.q_proj.weight.shape == (heads * 128, hidden)
-    assert attn.k_proj.weight.shape == attn.v_proj.weight.shape == (kv * 128, hidden)
+    assert attn.qkv_proj.weight.shape == ((heads + 2 * kv) * 128, hidden)
+    assert mlp.gate_up_proj.weight.shape == (2 * ffn, hidden)
+    sd = model.state_dict()
+    pre = "model" if name.startswith("fast") else "encoder"
+    first, last = f"{pre}.layers.0.self_attn", f"{pre}.layers.{layers - 1}.mlp"
+    assert sd[f"{first}.q_proj.weight"].shape == (heads * 128, hidden)
+    assert sd[f"{first}.k_proj.weight"].shape == sd[f"{first}.v_proj.weight"].shape == (kv * 128, hidden)
     assert attn.o_proj.weight.shape == (hidden, heads * 128)
-    assert mlp.gate_proj.weight.shape == mlp.up_proj.weight.shape == (ffn, hidden)
+    assert sd[f"{last}.gate_proj.weight"].shape == sd[f"{last}.up_proj.weight"].shape == (ffn, hidden)
     assert mlp.down_proj.weight.shape == (hidden, ffn)
     assert model.embed_tokens.weight.shape == (vocab, hidden)
-    names = set(model.state_dict())
+    names = set(sd)
     fast = name.startswith("fast")
-    assert (attn.q_proj.bias is not None) == fast and (attn.k_proj.bias is not None) == fast
+    assert (f"{first}.q_proj.bias" in names) == fast and (f"{first}.k_proj.bias" in names) == fast
     assert cfg.block_size == 32
     if fast:
         assert cfg.shift_logits and cfg.sub_block_size == 8 and cfg.rope_theta == 1e6

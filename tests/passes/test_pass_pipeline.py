@@ -26,14 +26,27 @@ GATE, FOLDED, PACKED_LINEAR = fold_ops.FOLD_GATE, fold_ops.FOLDED_ATTENTION, fol
 ATTN, MARKER = T.BRANCH_ATTENTION, T.BRANCH_MARKER
 PASS_NAMES = [name for name, _ in passes.PIPELINE]
 
-# Region sizes of the packaged decoder layer (transformer.DecoderLayer), op by op:
+# Region sizes of the packaged decoder layer (transformer.DecoderLayer), op by op, with q/k/v and gate/up
+# fused (the models' default) or not (fuse_projections=False):
 #   RMSNorm: float, pow, mean, add, rsqrt, mul, to, mul(weight)                  = 8
-#   q/k/v: linear + view each                                                    = 6
+#   q/k/v: fused linear, split, 3 getitem + view each                            = 8 (unfused: 3 linear + 3 view = 6)
 #   RoPE on q and on k: mul, getitem, neg, getitem, cat, mul, add                 = 2 * 7
 #   NLD only: Llama-4 query scaling q * q_scale                                   = 1
-#   MLP region: RMSNorm (8) + gate linear, silu, up linear, mul, down linear (5)  = 13
-PRE_ATTENTION_OPS = {"fast-dllm-v2": 28, "nld": 29}
-MLP_OPS = 13
+#   MLP region: RMSNorm (8) + fused gate_up linear, split, 2 getitem, silu, mul, down linear (7)
+#               (unfused: gate linear, silu, up linear, mul, down linear (5))
+def pre_attention_ops(family: str, fused: bool) -> int:
+    return 8 + (8 if fused else 6) + 14 + (family == "nld")
+
+
+def mlp_ops(fused: bool) -> int:
+    return 8 + (7 if fused else 5)
+
+
+def layer_linears(fused: bool) -> tuple[int, int]:
+    """Linears of the pre-attention and MLP regions (o_proj sits between them, outside both)."""
+    return (1, 2) if fused else (3, 3)
+
+
 # Position tables packed per layer: cos and sin (RoPE), and q_scale for NLD.
 PACKED_EXTERNALS = {"fast-dllm-v2": 2, "nld": 3}
 
@@ -127,8 +140,8 @@ def _output(res):
 
 @functools.lru_cache(maxsize=None)
 def run_pipeline(family: str = "fast-dllm-v2", layers: int = 2, gate: str = "layer", pack: bool = True,
-                 kernels: str = "torch") -> Run:
-    spec = ModelSpec(family=family, layers=layers, seed=4)
+                 kernels: str = "torch", fused: bool = True) -> Run:
+    spec = ModelSpec(family=family, layers=layers, seed=4, fused=fused)
     model = spec.build()
     cache = make_cache(model, seed=3)
     tokens, parents = make_tree(model, 6, "realistic", 7)
@@ -150,8 +163,8 @@ def run_pipeline(family: str = "fast-dllm-v2", layers: int = 2, gate: str = "lay
 
 
 CONFIGS = [dict(family="fast-dllm-v2", gate="layer"), dict(family="nld", gate="sublayer"),
-           dict(family="nld", layers=3, gate="layer", pack=False)]
-CONFIG_IDS = ["fast-layer", "nld-sublayer", "nld3-nopack"]
+           dict(family="nld", layers=3, gate="layer", pack=False), dict(family="fast-dllm-v2", fused=False)]
+CONFIG_IDS = ["fast-layer", "nld-sublayer", "nld3-nopack", "fast-unfused"]
 
 
 @pytest.fixture(params=CONFIGS, ids=CONFIG_IDS)
@@ -179,9 +192,10 @@ def test_find_regions_changes_nothing_and_finds_layers(run):
         assert layer["h_in"] == prev_out  # the residual stream chains the layers
         prev_out = layer["h_out"]
         assert layer["attention"] is ATTN
-        assert len(layer["pre"]) == PRE_ATTENTION_OPS[run.spec.family]
-        assert len(layer["mlp"]) == MLP_OPS
-        assert layer["pre_linears"] == 3 and layer["mlp_linears"] == 3  # q, k, v / gate, up, down
+        assert len(layer["pre"]) == pre_attention_ops(run.spec.family, run.spec.fused)
+        assert len(layer["mlp"]) == mlp_ops(run.spec.fused)
+        # q, k, v / gate, up, down (fused: qkv / gate_up, down)
+        assert (layer["pre_linears"], layer["mlp_linears"]) == layer_linears(run.spec.fused)
         assert layer["pre_rsqrt"] == 1
         assert layer["h_mid_target"] in T.RESIDUAL_ADDS and layer["h_out_target"] in T.RESIDUAL_ADDS
         region = set(layer["pre"]) | set(layer["mlp"])
@@ -229,7 +243,7 @@ def test_pack_regions_packs_and_removes_region_ops(run):
         assert not set(layer["pre"] + layer["mlp"]) & names, "original region ops must be gone"
         assert all(t is fold_ops.unpack_rows for t in layer["attention_inputs"])
     packed = [n for n in names if re.search(r"_packed(_\d+)?$", n)]
-    assert len(packed) == L * (PRE_ATTENTION_OPS[run.spec.family] + MLP_OPS)
+    assert len(packed) == L * (pre_attention_ops(run.spec.family, run.spec.fused) + mlp_ops(run.spec.fused))
     assert_close(st.out, run.reference(st.masks), what="after pack_regions (dense attention)")
     assert any(m.any() for m in st.masks)
 
@@ -249,9 +263,10 @@ def test_lower_kernels_makes_packed_linears(run):
     st = run.stages["lower_kernels"]
     L = run.n_layers
     d = diff(st.before, st.after)
-    assert d.pop(PACKED_LINEAR) == 6 * L
-    assert set(d) <= set(LINEARS) and sum(d.values()) == -6 * L, d
-    assert linears(st.before) - linears(st.after) == 6 * L
+    packed = L * sum(layer_linears(run.spec.fused))
+    assert d.pop(PACKED_LINEAR) == packed
+    assert set(d) <= set(LINEARS) and sum(d.values()) == -packed, d
+    assert linears(st.before) - linears(st.after) == packed
     # What is left unpacked: o_proj in every layer and the LM head.
     assert linears(st.after) == L + 1
     for node in run.gm.graph.nodes:
@@ -278,7 +293,7 @@ def test_lower_kernels_impl_choice(kernels, impl):
     run = run_pipeline(family="fast-dllm-v2", layers=1, kernels=kernels)  # not executed: choice only
     impl_arg = {GATE: 5, FOLDED: 8, PACKED_LINEAR: 5}  # where each op's schema takes impl
     impls = [n.args[impl_arg[n.target]] for n in run.gm.graph.nodes if n.target in impl_arg]
-    assert len(impls) == 1 + 1 + 6 and set(impls) == {impl}
+    assert len(impls) == 1 + 1 + sum(layer_linears(fused=True)) and set(impls) == {impl}
     assert f"kernels={impl}" in run.analysis.layers[0].rewritten[-1]
 
 
@@ -291,7 +306,7 @@ def test_attention_correction_off_keeps_branch_attention():
     gm = compile_graph(gm, SpecFoldSettings(tau=TAU, attention_correction=False))
     after = count(gm)
     assert after[ATTN] == 2 and after[FOLDED] == 0 and after[GATE] == 2
-    assert after[fold_ops.unpack_rows] == 4 * 2 and after[PACKED_LINEAR] == 12
+    assert after[fold_ops.unpack_rows] == 4 * 2 and after[PACKED_LINEAR] == 2 * sum(layer_linears(fused=True))
     assert after[MARKER] == 0 and before[MARKER] == 1
     with collect_stats() as s:
         out = _output(gm(*inputs))
