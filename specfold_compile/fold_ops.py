@@ -15,6 +15,7 @@ from torch import Tensor
 from .kernels.attention_ref import block_attention_ref, prefix_attention_ref
 from .kernels.gate_ref import fold_gate_ref, resolve_folds_ref
 from .kernels.packed_linear_ref import packed_linear_ref
+from .kernels.swiglu_ref import silu_mul_ref
 
 IMPLS = ("torch", "triton")
 
@@ -235,7 +236,24 @@ def _packed_linear_fake(x, weight, bias, count, dense_fraction, impl, min_spill_
     return x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],))
 
 
+# --- packed SwiGLU activation --------------------------------------------------------------------
+
+@torch.library.custom_op("specfold::packed_silu_mul", mutates_args=())
+def packed_silu_mul(gate: Tensor, up: Tensor, count: Tensor, impl: str) -> Tensor:
+    """silu(gate) * up on the first ``count`` packed rows (rows past it are unspecified with the Triton
+    kernel, which skips them; the reference computes every row). fp32 arithmetic, one rounding."""
+    if impl == "triton":
+        return _kernels().silu_mul(gate, up, count)
+    return silu_mul_ref(gate, up)
+
+
+@packed_silu_mul.register_fake
+def _packed_silu_mul_fake(gate, up, count, impl):
+    return torch.empty_like(gate, memory_format=torch.contiguous_format)
+
+
 # Graph targets (OpOverloads) used by the passes.
 FOLD_GATE = torch.ops.specfold.fold_gate.default
 FOLDED_ATTENTION = torch.ops.specfold.folded_attention.default
 PACKED_LINEAR = torch.ops.specfold.packed_linear.default
+PACKED_SILU_MUL = torch.ops.specfold.packed_silu_mul.default

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 from specfold_compile.kernels import (  # noqa: E402
     block_attention, block_attention_ref, branch_attention, branch_attention_ref, fold_gate,
     fold_gate_ref, merge_split_states, packed_linear, packed_linear_ref, prefix_attention, prefix_attention_ref,
-    prefix_attention_states, resolve_folds, resolve_folds_ref,
+    prefix_attention_states, resolve_folds, resolve_folds_ref, silu_mul, silu_mul_ref,
 )
 from bench_gate import make_problem  # noqa: E402
 
@@ -86,6 +86,9 @@ def main(argv=None):
             y = packed_linear(x, w, b, count)
             ref = packed_linear_ref(x.float(), w.float(), None if b is None else b.float())
             record(mname, f"packed_linear.{lname}", C.rel_err(y[:c], ref[:c]))
+        # packed SwiGLU on the halves of a fused gate_up output, count in the middle
+        gate, up = (torch.randn(R, 2 * m["ffn"], device=dev) * 3).to(dt).split(m["ffn"], dim=-1)
+        record(mname, "silu_mul", C.rel_err(silu_mul(gate, up, count)[:c], silu_mul_ref(gate.float(), up.float())[:c]))
     res = C.emit("check_all", rows, args)
     bad = [r for r in rows if not r["ok"]]
     if bad:

@@ -58,6 +58,10 @@ class SpecFoldSettings:
                           the extra rows of a small weight (k/v projections, tiny models). 0 = always
                           split. Default 2: 2-3% faster than 0 at the 1.5B shape (N = 5-33), within
                           +-1% at 7B (H200, README "min_spill_us").
+    count_aware_swiglu:   switch: the packed MLP's activation silu(gate) * up becomes
+                          ``specfold::packed_silu_mul``, whose Triton kernel skips the rows past the
+                          device-side count (Inductor's elementwise kernel walks all N * B rows of the
+                          widest tensors of the layer). Same values (tested).
     fold_min_branches:    which calls to fold, by their branch count N. None (default): the cost model
                           (``backend/dispatch.py``) when the Triton kernels run on CUDA: fold a call
                           when the rows its linears skip are estimated to save more than folding's
@@ -80,6 +84,7 @@ class SpecFoldSettings:
     inductor: bool | None = None
     dense_fraction: float = 0.45
     min_spill_us: float = 2.0
+    count_aware_swiglu: bool = True
     fold_min_branches: int | None = None
 
     def __post_init__(self) -> None:
@@ -96,7 +101,7 @@ class SpecFoldSettings:
             raise ValueError(f"options['gate_flags']: expected one of {GATE_FLAGS}, got {self.gate_flags!r}")
         if self.kernels not in KERNELS:
             raise ValueError(f"options['kernels']: expected one of {KERNELS}, got {self.kernels!r}")
-        for name in ("strict", "fold", "pack", "attention_correction", "fold_head"):
+        for name in ("strict", "fold", "pack", "attention_correction", "fold_head", "count_aware_swiglu"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"options[{name!r}]: expected a bool, got {getattr(self, name)!r}")
         if self.inductor is not None and not isinstance(self.inductor, bool):

@@ -18,6 +18,7 @@ from .attention_ref import (
 )
 from .gate_ref import fold_flags_ref, fold_gate_ref, resolve_folds_ref
 from .packed_linear_ref import packed_linear_ref
+from .swiglu_ref import silu_mul_ref
 
 try:  # pragma: no cover - depends on the environment
     import triton  # noqa: F401
@@ -30,6 +31,7 @@ if _TRITON_IMPORT_ERROR is None:
     from .attention import block_attention, branch_attention, prefix_attention, prefix_attention_states
     from .gate import fold_gate, fold_gate_from_flags, resolve_folds
     from .packed_linear import packed_linear
+    from .swiglu import silu_mul
 else:
     def _missing(name):
         def fn(*args, **kwargs):
@@ -45,6 +47,7 @@ else:
     block_attention = _missing("block_attention")
     branch_attention = _missing("branch_attention")
     packed_linear = _missing("packed_linear")
+    silu_mul = _missing("silu_mul")
 
 
 def triton_available() -> bool:
@@ -67,5 +70,5 @@ __all__ = [
     "fold_gate", "fold_gate_from_flags", "resolve_folds", "fold_gate_ref", "fold_flags_ref", "resolve_folds_ref",
     "prefix_attention", "prefix_attention_states", "block_attention", "branch_attention",
     "prefix_attention_ref", "block_attention_ref", "branch_attention_ref", "merge_states", "merge_split_states",
-    "packed_linear", "packed_linear_ref",
+    "packed_linear", "packed_linear_ref", "silu_mul", "silu_mul_ref",
 ]

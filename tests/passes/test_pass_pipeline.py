@@ -23,6 +23,7 @@ from specfold_compile.reference import folded_verify
 TAU = 0.3
 LINEARS = tuple(T.LINEAR_FUNCTIONS)
 GATE, FOLDED, PACKED_LINEAR = fold_ops.FOLD_GATE, fold_ops.FOLDED_ATTENTION, fold_ops.PACKED_LINEAR
+SILU_MUL = fold_ops.PACKED_SILU_MUL
 ATTN, MARKER = T.BRANCH_ATTENTION, T.BRANCH_MARKER
 PASS_NAMES = [name for name, _ in passes.PIPELINE]
 
@@ -263,6 +264,8 @@ def test_lower_kernels_makes_packed_linears(run):
     st = run.stages["lower_kernels"]
     L = run.n_layers
     d = diff(st.before, st.after)
+    # silu(gate) * up of every packed MLP becomes one count-aware op (count_aware_swiglu, default on)
+    assert d.pop(SILU_MUL) == L and d.pop(F.silu) == -L and d.pop(operator.mul) == -L
     packed = L * sum(layer_linears(run.spec.fused))
     assert d.pop(PACKED_LINEAR) == packed
     assert set(d) <= set(LINEARS) and sum(d.values()) == -packed, d
@@ -291,10 +294,30 @@ def test_strip_marker_removes_only_the_marker(run):
 @pytest.mark.parametrize("kernels, impl", [("triton", "triton"), ("auto", "torch")])
 def test_lower_kernels_impl_choice(kernels, impl):
     run = run_pipeline(family="fast-dllm-v2", layers=1, kernels=kernels)  # not executed: choice only
-    impl_arg = {GATE: 5, FOLDED: 8, PACKED_LINEAR: 5}  # where each op's schema takes impl
+    impl_arg = {GATE: 5, FOLDED: 8, PACKED_LINEAR: 5, SILU_MUL: 3}  # where each op's schema takes impl
     impls = [n.args[impl_arg[n.target]] for n in run.gm.graph.nodes if n.target in impl_arg]
-    assert len(impls) == 1 + 1 + sum(layer_linears(fused=True)) and set(impls) == {impl}
+    assert len(impls) == 1 + 1 + sum(layer_linears(fused=True)) + 1 and set(impls) == {impl}
     assert f"kernels={impl}" in run.analysis.layers[0].rewritten[-1]
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_count_aware_swiglu_switch(fused):
+    """count_aware_swiglu=False keeps Inductor's silu * mul; both give the folded reference's output."""
+    outs = {}
+    for on in (True, False):
+        model = ModelSpec(family="fast-dllm-v2", layers=2, seed=5, fused=fused).build()
+        cache = make_cache(model, seed=3)
+        tokens, parents = make_tree(model, 5, "realistic", 2)
+        gm, inputs = capture_graph(model, tokens, parents, cache)
+        before = count(gm)
+        gm = compile_graph(gm, SpecFoldSettings(tau=TAU, count_aware_swiglu=on))
+        d = diff(before, count(gm))
+        assert d.get(SILU_MUL, 0) == (2 if on else 0)
+        assert d.get(F.silu, 0) == (-2 if on else 0) and d.get(operator.mul, 0) == (-2 if on else 0)
+        assert ("1 packed SwiGLU" in gm.meta["specfold"].layers[0].rewritten[-1]) == on
+        with collect_stats() as s:
+            outs[on] = _output(gm(*inputs))
+        assert_close(outs[on], folded_verify(model, tokens, parents, cache, TAU, fold_masks=s.fold_masks)[0])
 
 
 def test_attention_correction_off_keeps_branch_attention():
