@@ -75,12 +75,14 @@ class ModelConfig:
     def group_size(self) -> int:
         return self.num_heads // self.num_kv_heads
 
-    def packed_linear_shapes(self) -> list[tuple[int, int]]:
-        """(out, in) of the linears of one decoder layer that folding runs on computed rows only: q, k, v
-        (pre-attention) and gate, up, down (MLP). o_proj reads each row's own attention output, so it
-        runs on every row."""
+    def packed_linear_shapes(self, fused: bool = True) -> list[tuple[int, int]]:
+        """(out, in) of the linears of one decoder layer that folding runs on computed rows only: q/k/v
+        (pre-attention) and gate/up, down (MLP), as the models are built (``fused``: q/k/v as one, gate/up
+        as one; else each part). o_proj reads each row's own attention output, so it runs on every row."""
         h, q, kv, f = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, \
             self.intermediate_size
+        if fused:
+            return [(q + 2 * kv, h), (2 * f, h), (h, f)]
         return [(q, h), (kv, h), (kv, h), (f, h), (f, h), (h, f)]
 
     def replace(self, **overrides: Any) -> "ModelConfig":
