@@ -89,9 +89,13 @@ def folded_verify(model: BlockDiffusionLM, tokens: Tensor, parents: Tensor, cach
         m_p = layer.mlp_out(h_mid.reshape(-1, channels)[rows])  # [R, C]
         h = h_mid + m_p[slot]
 
+    # The family's logit shift, applied to the hidden states before the row-wise norm and head (as the
+    # model's verify does): the same logits as shifting them after. With fold_head the head's gate sees
+    # the shifted states, so position p's decision is the one position p-1 would get unshifted.
+    h = model.shift(h)
     if fold_head:
         rows, slot = plan(h)
         logits = model.head(model.norm(h.reshape(-1, channels)[rows]))[slot]  # [N, B, V]
     else:
         logits = model.head(model.norm(h))
-    return model.shift(logits), used
+    return logits, used

@@ -309,11 +309,13 @@ class BlockDiffusionLM(nn.Module):
             q_scale = scale.to(dtype)[:, None, None]
         return PositionTables(cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :], q_scale)
 
-    def shift(self, logits: Tensor) -> Tensor:
-        """Fast-dLLM v2: position p reads the logit computed at p-1; position 0 reads its own."""
+    def shift(self, x: Tensor) -> Tensor:
+        """Fast-dLLM v2: position p reads the logit computed at p-1; position 0 reads its own. ``x`` is
+        [..., B, C] logits or, equally, the hidden states before the row-wise final norm and LM head
+        (``verify`` shifts those: a copy of [N, B, hidden] instead of [N, B, vocab])."""
         if not self.config.shift_logits:
-            return logits
-        return torch.cat((logits[..., :1, :], logits[..., :-1, :]), dim=-2)
+            return x
+        return torch.cat((x[..., :1, :], x[..., :-1, :]), dim=-2)
 
     # --- the verification forward ----------------------------------------------------------------
     def forward(self, tokens: Tensor, parents: Tensor, cache: PrefixCache) -> Tensor:
@@ -335,7 +337,8 @@ class BlockDiffusionLM(nn.Module):
         pos = self.position_tables(positions)
         for layer, k_pre, v_pre in zip(self.layers, cache.keys, cache.values):
             h = layer(h, pos, k_pre, v_pre)
-        return self.shift(self.head(self.norm(h)))
+        # The shift before the row-wise norm and head: the same logits, without a second [N, B, vocab] copy.
+        return self.head(self.norm(self.shift(h)))
 
     def check_inputs(self, tokens: Tensor, parents: Tensor, cache: PrefixCache) -> None:
         """Shape checks always; data checks (token range, parent order) in eager mode only, since they

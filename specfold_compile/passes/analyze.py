@@ -339,10 +339,31 @@ def find_regions(gm: GraphModule, settings: Any = None) -> GraphModule:
     if not analysis.layers:
         analysis.blockers.append(Blocker("no_layers", "no specfold::branch_attention after the branch marker"))
     elif getattr(settings, "fold_head", False):
-        analysis.head = _head_region(h, order)
+        analysis.head = _head_region(_after_row_shift(h), order)
         if analysis.head is None:
             analysis.notes.append("fold_head: no position-wise op after the last layer; head left dense")
     return gm
+
+
+def _after_row_shift(h: Node) -> Node:
+    """The Fast-dLLM logit shift applied to the last layer's output (``cat((h[..., :1, :], h[..., :-1, :]),
+    dim=-2)``, as ``BlockDiffusionLM.verify`` does before the head): its output, whose rows the head
+    region then starts from (the shift moves whole rows, so a gate there is SPEC's head gate applied one
+    position earlier, and the logits are the same). Any other use of ``h``: ``h`` itself."""
+    users = list(h.users)
+    if not users or not all(u.op == "call_function" and u.target is operator.getitem for u in users):
+        return h
+    cats = {c for u in users for c in u.users}
+    if len(cats) != 1:
+        return h
+    cat = cats.pop()
+    dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+    shape, h_shape = _shape(cat), _shape(h)
+    rank = len(h_shape) if h_shape is not None else 0
+    if cat.target not in T.CAT_FUNCTIONS or shape is None or shape != h_shape or dim not in (-2, rank - 2) \
+            or not all(isinstance(a, Node) and a in users for a in cat.args[0]):
+        return h
+    return cat
 
 
 def _head_region(h: Node, order: dict[Node, int]) -> HeadRegion | None:

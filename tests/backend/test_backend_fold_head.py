@@ -53,6 +53,15 @@ def test_head_region_is_norm_and_head_only():
     model, cache, tokens, parents = _problem("tiny-fast-dllm-v2", seed=1)
     gm = compile_graph(capture_graph(model, tokens, parents, cache)[0], SpecFoldSettings(tau=0.3, fold_head=True))
     head = gm.meta["specfold"].head
-    # RMSNorm (8 ops) and the tied LM head; the logit shift (slices along positions) stays outside.
+    # RMSNorm (8 ops) and the tied LM head; the logit shift (slices along positions), which the model
+    # applies to the hidden states before them, stays outside: the region starts at its output.
     assert len(head.nodes) == 9 and len(head.outputs) == 1
     assert "packed 9 head ops" in head.rewritten and len(head.packed_linears) == 1
+    assert head.h_in.target is torch.cat and all(a.args[0] is head.h_in.args[0][0].args[0] for a in head.h_in.args[0])
+
+
+def test_head_region_without_a_shift_starts_at_the_last_layer():
+    model, cache, tokens, parents = _problem("tiny-nld", seed=1)
+    gm = compile_graph(capture_graph(model, tokens, parents, cache)[0], SpecFoldSettings(tau=0.3, fold_head=True))
+    head = gm.meta["specfold"].head
+    assert head.h_in.target is not torch.cat and len(head.packed_linears) == 1
