@@ -609,7 +609,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prefixes", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
                     help="per_check, writes: prefix lengths (default 512,2048)")
     ap.add_argument("--ratios", type=lambda v: tuple(float(x) for x in v.split(",")), default=None,
-                    help=f"per_check: target recompute ratios, a subset of {sorted(CHANGED_FOR_RATIO)}")
+                    help=f"per_check: target recompute ratios, a subset of {sorted(CHANGED_FOR_RATIO)} "
+                         "(anything else is an error)")
     ap.add_argument("--breakdown-modes", type=lambda v: tuple(v.split(",")), default=("specfold",),
                     help="breakdown: profile these of dense,dense_compiled,specfold,specfold_no_inductor,"
                          "specfold_graph_flags")
@@ -620,6 +621,10 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5,
                     help="end_to_end: timed passes (modes alternate per problem; median per problem)")
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.ratios or ()) - set(CHANGED_FOR_RATIO))
+    if unknown:  # a filter that matches nothing would drop every SpecFold row without a word
+        ap.error(f"--ratios: expected target ratios among {sorted(CHANGED_FOR_RATIO)}, got {unknown} "
+                 "(the measured recompute ratios, e.g. 0.1875, are in the rows, not the targets)")
     if args.cpu_dry_run:
         global DEVICE, KERNELS
         DEVICE, KERNELS = "cpu", "torch"
