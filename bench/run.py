@@ -89,6 +89,11 @@ def _rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
+# where each fold op's schema takes its impl ("torch" / "triton")
+_IMPL_ARG = {fold_ops.FOLD_GATE: 5, fold_ops.FOLDED_ATTENTION: 8, fold_ops.PACKED_LINEAR: 5,
+             fold_ops.PACKED_SILU_MUL: 3}
+
+
 def _op_counts(graphs) -> dict:
     """How many fold ops (and leftover dense linears) the rewritten graphs run, with which kernels."""
     counts: dict = {}
@@ -96,8 +101,8 @@ def _op_counts(graphs) -> dict:
         for node in gm.graph.nodes:
             if node.op != "call_function":
                 continue
-            if node.target in (fold_ops.FOLD_GATE, fold_ops.FOLDED_ATTENTION, fold_ops.PACKED_LINEAR):
-                key = f"{node.target.name()}[{node.args[-1]}]"
+            if node.target in _IMPL_ARG:
+                key = f"{node.target.name()}[{node.args[_IMPL_ARG[node.target]]}]"
             elif node.target in (torch._C._nn.linear, torch.nn.functional.linear):
                 key = "dense linear"
             else:

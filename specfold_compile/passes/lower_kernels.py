@@ -62,7 +62,7 @@ def _swiglu_sites(packed: dict[Node, dict[str, Node]]) -> list[tuple[Node, Node,
     fused gate_up linear; nothing else is matched, so every match has gate.shape == up.shape."""
     sites = []
     for lin, plan in packed.items():
-        halves = [u for u in lin.users if u.op == "call_method" and u.target == "split" or u.target is torch.split]
+        halves = [u for u in lin.users if (u.op == "call_method" and u.target == "split") or u.target is torch.split]
         gates = [lin] + [g for sp in halves for g in sp.users]
         for gate in gates:
             for silu in [u for u in gate.users if u.target in _SILU]:
