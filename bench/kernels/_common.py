@@ -13,10 +13,11 @@ import sys
 import time
 
 import torch
-import triton
 
-if not torch.cuda.is_available():
+if not torch.cuda.is_available():  # before triton is imported: @triton.jit reads it at decoration time
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
 
 if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     # interpreted smoke runs: the interpreter's bf16 dot/cast are wrong without the test patch
@@ -55,8 +56,11 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def parse_args(argv=None, desc=""):
+def parse_args(argv=None, desc="", extra=None):
+    """The shared options; ``extra(ap)`` adds a benchmark's own."""
     ap = argparse.ArgumentParser(description=desc)
+    if extra is not None:
+        extra(ap)
     ap.add_argument("--out", default=None, help="write results as JSON here")
     ap.add_argument("--quick", action="store_true", help="tiny shapes (interpreter smoke run)")
     ap.add_argument("--models", default=None, help="comma-separated subset of models")

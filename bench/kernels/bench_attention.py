@@ -1,7 +1,11 @@
 """Benchmark prefix_attention (one state, and split along the prefix: prefix_attention_states with the
 default split count), block_attention (merging one state, and the split states) and branch_attention
 (bf16) at the Fast-dLLM-v2 attention shapes, with the roofline floor and the worst relative error
-against the reference."""
+against the reference.
+
+``--sweep``: instead, time the one-split prefix kernel at every (BLOCK_M, BLOCK_P, num_warps, num_stages)
+of a small grid against the shape-based default, with all rows computed and with 19% of them (a
+folded call's count), and print the best per point; rows "prefix_attention_sweep"."""
 from __future__ import annotations
 
 import math
@@ -21,73 +25,115 @@ from specfold_compile.kernels.attention_ref import (  # noqa: E402
 )
 
 
+SWEEP = [(bm, bp, w, st) for bm in (32, 64, 128) for bp in (32, 64, 128)
+         for w, st in ((4, 1), (4, 2), (4, 3), (8, 2))]
+
+
+def prefix_problems(models, prefixes, dev, dt):
+    """(model name, dims, scale, P, k_pre, v_pre) per model and prefix: one shared cache [2, Hkv, Pmax, D]
+    whose strided views the kernels read."""
+    for mname, m in models.items():
+        scale = 1.0 / math.sqrt(m["d"])
+        for P in prefixes:
+            cache = torch.randn(2, m["hkv"], P + 64, m["d"], device=dev).to(dt)
+            yield mname, m, scale, P, cache[0, :, :P], cache[1, :, :P]
+
+
+def sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
+    rows = []
+    for mname, m, scale, P, k_pre, v_pre in prefix_problems(models, prefixes, dev, dt):
+        hq, d = m["hq"], m["d"]
+        for N in ns:
+            R = N * block
+            q = torch.randn(R, hq, d, device=dev).to(dt)
+            ro, rl = prefix_attention_ref(q, k_pre, v_pre, scale)
+            for computed in sorted({R, max(1, round(0.19 * R))}):
+                count = torch.tensor(computed, device=dev)
+                run = lambda cfg=None: prefix_attention_states(q, k_pre, v_pre, scale, count, splits=1, config=cfg)  # noqa: E731
+                default_ms = C.bench(run, args.quick)
+                for cfg in SWEEP[:2] if args.quick else SWEEP:
+                    try:
+                        o, lse = run(cfg)
+                    except Exception as exc:  # e.g. triton's OutOfResources: the tiles do not fit shared memory
+                        print(f"config {cfg}: {type(exc).__name__}", file=sys.stderr)
+                        continue
+                    err = max(C.rel_err(o[0, :computed], ro[:computed]), C.rel_err(lse[0, :computed], rl[:computed]))
+                    ms = C.bench(lambda: run(cfg), args.quick)
+                    rows.append(dict(model=mname, kernel="prefix_attention_sweep", P=P, N=N, rows=R,
+                                     computed=computed, config=list(cfg), ms=ms, default_ms=default_ms,
+                                     max_rel_err=err))
+                best = min((r for r in rows if (r["model"], r["P"], r["N"], r["computed"]) == (mname, P, N, computed)),
+                           key=lambda r: r["ms"])
+                print(f"best {mname} P={P} N={N} computed={computed}: {best['config']} {best['ms'] * 1e3:.1f} us "
+                      f"(default {default_ms * 1e3:.1f} us)", file=sys.stderr)
+    return rows
+
+
 def main(argv=None):
-    args = C.parse_args(argv, __doc__)
+    args = C.parse_args(argv, __doc__, extra=lambda ap: ap.add_argument(
+        "--sweep", action="store_true", help="time the prefix kernel over a grid of tile configs"))
     models, block, prefixes, ns = C.configs(args)
+    if args.sweep:
+        return C.emit("attention_sweep", sweep(args, models, block, prefixes, ns, C.device(), torch.bfloat16), args)
     dev = C.device()
     dt = torch.bfloat16
     rows = []
-    for mname, m in models.items():
+    for mname, m, scale, P, k_pre, v_pre in prefix_problems(models, prefixes, dev, dt):
         hq, hkv, d = m["hq"], m["hkv"], m["d"]
-        scale = 1.0 / math.sqrt(d)
-        for P in prefixes:
-            # one shared cache [2, Hkv, Pmax, D]; the kernels read strided views of it
-            cache = torch.randn(2, hkv, P + 64, d, device=dev).to(dt)
-            k_pre, v_pre = cache[0, :, :P], cache[1, :, :P]
-            for N in ns:
-                R = N * block
-                q4 = torch.randn(N, block, hq, d, device=dev).to(dt)
-                k4 = torch.randn(N, block, hkv, d, device=dev).to(dt)
-                v4 = torch.randn(N, block, hkv, d, device=dev).to(dt)
-                q, k, v = q4.view(R, hq, d), k4.view(R, hkv, d), v4.view(R, hkv, d)
-                slot = torch.arange(R, device=dev).view(N, block)
-                count = torch.tensor(R, device=dev)
+        for N in ns:
+            R = N * block
+            q4 = torch.randn(N, block, hq, d, device=dev).to(dt)
+            k4 = torch.randn(N, block, hkv, d, device=dev).to(dt)
+            v4 = torch.randn(N, block, hkv, d, device=dev).to(dt)
+            q, k, v = q4.view(R, hq, d), k4.view(R, hkv, d), v4.view(R, hkv, d)
+            slot = torch.arange(R, device=dev).view(N, block)
+            count = torch.tensor(R, device=dev)
 
-                o_pre, lse_pre = prefix_attention(q, k_pre, v_pre, scale, count)
-                ro, rl = prefix_attention_ref(q, k_pre, v_pre, scale)
-                err_p = max(C.rel_err(o_pre, ro), C.rel_err(lse_pre, rl))
-                ms_p = C.bench(lambda: prefix_attention(q, k_pre, v_pre, scale, count), args.quick)
-                fl_p = C.floor_ms(2 * hkv * P * d * 2 + R * hq * d * 2 + R * hq * (d + 1) * 4,
-                                  4.0 * R * hq * P * d)
-                rows.append(dict(model=mname, kernel="prefix_attention", P=P, N=N, rows=R, ms=ms_p, **fl_p,
-                                 frac_of_floor=fl_p["floor_ms"] / ms_p, max_rel_err=err_p))
+            o_pre, lse_pre = prefix_attention(q, k_pre, v_pre, scale, count)
+            ro, rl = prefix_attention_ref(q, k_pre, v_pre, scale)
+            err_p = max(C.rel_err(o_pre, ro), C.rel_err(lse_pre, rl))
+            ms_p = C.bench(lambda: prefix_attention(q, k_pre, v_pre, scale, count), args.quick)
+            fl_p = C.floor_ms(2 * hkv * P * d * 2 + R * hq * d * 2 + R * hq * (d + 1) * 4,
+                              4.0 * R * hq * P * d)
+            rows.append(dict(model=mname, kernel="prefix_attention", P=P, N=N, rows=R, ms=ms_p, **fl_p,
+                             frac_of_floor=fl_p["floor_ms"] / ms_p, max_rel_err=err_p))
 
-                ob = block_attention(q, k, v, slot, o_pre, lse_pre, scale)
-                err_b = C.rel_err(ob, block_attention_ref(q, k, v, slot, ro, rl, scale))
-                ms_b = C.bench(lambda: block_attention(q, k, v, slot, o_pre, lse_pre, scale), args.quick)
-                fl_b = C.floor_ms(R * hq * d * 2 * 2 + 2 * R * hkv * d * 2 + R * hq * (d + 1) * 4,
-                                  4.0 * R * hq * block * d)
-                rows.append(dict(model=mname, kernel="block_attention", P=P, N=N, rows=R, ms=ms_b, **fl_b,
-                                 frac_of_floor=fl_b["floor_ms"] / ms_b, max_rel_err=err_b))
+            ob = block_attention(q, k, v, slot, o_pre, lse_pre, scale)
+            err_b = C.rel_err(ob, block_attention_ref(q, k, v, slot, ro, rl, scale))
+            ms_b = C.bench(lambda: block_attention(q, k, v, slot, o_pre, lse_pre, scale), args.quick)
+            fl_b = C.floor_ms(R * hq * d * 2 * 2 + 2 * R * hkv * d * 2 + R * hq * (d + 1) * 4,
+                              4.0 * R * hq * block * d)
+            rows.append(dict(model=mname, kernel="block_attention", P=P, N=N, rows=R, ms=ms_b, **fl_b,
+                             frac_of_floor=fl_b["floor_ms"] / ms_b, max_rel_err=err_b))
 
-                o_s, lse_s = prefix_attention_states(q, k_pre, v_pre, scale, count)
-                splits = o_s.shape[0]
-                err_s = max(C.rel_err(t, r) for t, r in zip(merge_split_states(o_s, lse_s), (ro, rl)))
-                ms_s = C.bench(lambda: prefix_attention_states(q, k_pre, v_pre, scale, count), args.quick)
-                rows.append(dict(model=mname, kernel="prefix_attention_states", P=P, N=N, rows=R, ms=ms_s, **fl_p,
-                                 frac_of_floor=fl_p["floor_ms"] / ms_s, max_rel_err=err_s, splits=splits))
-                ob = block_attention(q, k, v, slot, o_s, lse_s, scale)
-                err_b = C.rel_err(ob, block_attention_ref(q, k, v, slot, ro, rl, scale))
-                ms_b = C.bench(lambda: block_attention(q, k, v, slot, o_s, lse_s, scale), args.quick)
-                rows.append(dict(model=mname, kernel="block_attention_split_states", P=P, N=N, rows=R, ms=ms_b,
-                                 **fl_b, frac_of_floor=fl_b["floor_ms"] / ms_b, max_rel_err=err_b, splits=splits))
+            o_s, lse_s = prefix_attention_states(q, k_pre, v_pre, scale, count)
+            splits = o_s.shape[0]
+            err_s = max(C.rel_err(t, r) for t, r in zip(merge_split_states(o_s, lse_s), (ro, rl)))
+            ms_s = C.bench(lambda: prefix_attention_states(q, k_pre, v_pre, scale, count), args.quick)
+            rows.append(dict(model=mname, kernel="prefix_attention_states", P=P, N=N, rows=R, ms=ms_s, **fl_p,
+                             frac_of_floor=fl_p["floor_ms"] / ms_s, max_rel_err=err_s, splits=splits))
+            ob = block_attention(q, k, v, slot, o_s, lse_s, scale)
+            err_b = C.rel_err(ob, block_attention_ref(q, k, v, slot, ro, rl, scale))
+            ms_b = C.bench(lambda: block_attention(q, k, v, slot, o_s, lse_s, scale), args.quick)
+            rows.append(dict(model=mname, kernel="block_attention_split_states", P=P, N=N, rows=R, ms=ms_b,
+                             **fl_b, frac_of_floor=fl_b["floor_ms"] / ms_b, max_rel_err=err_b, splits=splits))
 
-                o = branch_attention(q4, k4, v4, k_pre, v_pre, scale)
-                err = C.rel_err(o, branch_attention_ref(q4, k4, v4, k_pre, v_pre, scale))
-                ms = C.bench(lambda: branch_attention(q4, k4, v4, k_pre, v_pre, scale), args.quick)
-                fl = C.floor_ms(2 * hkv * P * d * 2 + 2 * R * hq * d * 2 + 2 * R * hkv * d * 2,
-                                4.0 * R * hq * (P + block) * d)
-                sdpa_ms = None
-                if torch.cuda.is_available() and not C.interpreting():
-                    # dense SDPA baseline: [N, Hq, B, D] over [prefix ; block] keys (prefix expanded)
-                    kk = torch.cat([k_pre.unsqueeze(0).expand(N, -1, -1, -1), k4.transpose(1, 2)], 2)
-                    vv = torch.cat([v_pre.unsqueeze(0).expand(N, -1, -1, -1), v4.transpose(1, 2)], 2)
-                    qq = q4.transpose(1, 2)
-                    sdpa = torch.nn.functional.scaled_dot_product_attention
-                    sdpa_ms = C.bench(lambda: sdpa(qq, kk, vv, scale=scale, enable_gqa=True))
-                rows.append(dict(model=mname, kernel="branch_attention", P=P, N=N, rows=R, ms=ms, **fl,
-                                 frac_of_floor=fl["floor_ms"] / ms, max_rel_err=err,
-                                 sdpa_precat_ms=sdpa_ms))
+            o = branch_attention(q4, k4, v4, k_pre, v_pre, scale)
+            err = C.rel_err(o, branch_attention_ref(q4, k4, v4, k_pre, v_pre, scale))
+            ms = C.bench(lambda: branch_attention(q4, k4, v4, k_pre, v_pre, scale), args.quick)
+            fl = C.floor_ms(2 * hkv * P * d * 2 + 2 * R * hq * d * 2 + 2 * R * hkv * d * 2,
+                            4.0 * R * hq * (P + block) * d)
+            sdpa_ms = None
+            if torch.cuda.is_available() and not C.interpreting():
+                # dense SDPA baseline: [N, Hq, B, D] over [prefix ; block] keys (prefix expanded)
+                kk = torch.cat([k_pre.unsqueeze(0).expand(N, -1, -1, -1), k4.transpose(1, 2)], 2)
+                vv = torch.cat([v_pre.unsqueeze(0).expand(N, -1, -1, -1), v4.transpose(1, 2)], 2)
+                qq = q4.transpose(1, 2)
+                sdpa = torch.nn.functional.scaled_dot_product_attention
+                sdpa_ms = C.bench(lambda: sdpa(qq, kk, vv, scale=scale, enable_gqa=True))
+            rows.append(dict(model=mname, kernel="branch_attention", P=P, N=N, rows=R, ms=ms, **fl,
+                             frac_of_floor=fl["floor_ms"] / ms, max_rel_err=err,
+                             sdpa_precat_ms=sdpa_ms))
     return C.emit("attention", rows, args)
 
 

@@ -161,11 +161,23 @@ def _check_last_contig(*ts):
         assert t.stride(-1) == 1 or t.shape[-1] == 1, "last dim must be contiguous"
 
 
-def _prefix_config(M_total: int, D: int):
+def _prefix_config(M_total: int, D: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_P, num_warps, num_stages) of the prefix kernel for M_total = rows * group."""
     if interpreting():
-        return 16, 16, 4
+        return 16, 16, 4, 2
     block_m = 64 if M_total <= 64 * 132 else 128
-    return block_m, 64, 4 if block_m == 64 else 8
+    return block_m, 64, 4 if block_m == 64 else 8, 2
+
+
+def _check_prefix_config(config) -> tuple[int, int, int, int]:
+    ok = isinstance(config, tuple) and len(config) == 4 and all(isinstance(c, int) and c >= 1 for c in config)
+    if ok:
+        block_m, block_p, warps, _ = config
+        ok = all(b >= 16 and b & (b - 1) == 0 for b in (block_m, block_p)) and warps & (warps - 1) == 0
+    if not ok:
+        raise ValueError("config: expected (BLOCK_M, BLOCK_P, num_warps, num_stages), block sizes powers of "
+                         f"two >= 16 and num_warps a power of two, got {config!r}")
+    return config
 
 
 MAX_PREFIX_SPLITS = 16
@@ -200,18 +212,22 @@ def prefix_splits(programs: int, P: int, block_p: int, device: torch.device) -> 
 
 
 def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.Tensor, scale: float,
-                            count: torch.Tensor | None = None, splits: int | None = None):
+                            count: torch.Tensor | None = None, splits: int | None = None,
+                            config: tuple[int, int, int, int] | None = None):
     """q [R,Hq,D] (strided ok, last dim contiguous); k_pre, v_pre [Hkv,P,D] (strided views ok).
     Returns S states over consecutive key ranges of the prefix: (o [S,R,Hq,D] float32, lse [S,R,Hq]
     float32, natural log); merged (attention_ref.merge_states) they are the attention over the whole
     prefix. ``splits``: S (None: ``prefix_splits``). With `count` (int64 0-d device tensor), rows >=
-    count are skipped (their outputs are unspecified)."""
+    count are skipped (their outputs are unspecified). ``config``: (BLOCK_M, BLOCK_P, num_warps,
+    num_stages) instead of the shape-based default (for the benchmark's sweep,
+    ``bench/kernels/bench_attention.py --sweep``)."""
     R, Hq, D = q.shape
     Hkv, P, Dk = k_pre.shape
     assert Dk == D and v_pre.shape == k_pre.shape and Hq % Hkv == 0
     _check_last_contig(q, k_pre, v_pre)
     G = Hq // Hkv
-    BLOCK_M, BLOCK_P, num_warps = _prefix_config(R * G, D)
+    BLOCK_M, BLOCK_P, num_warps, num_stages = (_prefix_config(R * G, D) if config is None
+                                                else _check_prefix_config(config))
     if splits is None:
         splits = prefix_splits(triton.cdiv(R * G, BLOCK_M) * Hkv, P, BLOCK_P, q.device)
     if not isinstance(splits, int) or splits < 1:
@@ -233,7 +249,7 @@ def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.T
         lse.stride(0), lse.stride(1), lse.stride(2),
         HAS_COUNT=count is not None, G=G, D=D, BLOCK_D=BLOCK_D,
         BLOCK_M=BLOCK_M, BLOCK_P=BLOCK_P, DOT_T=tl_dtype(q.dtype), PREC=dot_precision(q.dtype),
-        num_warps=num_warps, num_stages=2,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return o, lse
 

@@ -198,6 +198,33 @@ def test_prefix_attention_split_states(R, Hkv, G, D, P, splits, dtype, mid_count
         torch.testing.assert_close(out.float(), ref.float(), **tol(dtype))
 
 
+@settings(deadline=None, max_examples=15)
+@given(R=st.integers(1, 9), Hkv=st.integers(1, 2), G=st.sampled_from(GROUPS), P=st.sampled_from([1, 17, 40, 70]),
+       block_m=st.sampled_from([16, 32]), block_p=st.sampled_from([16, 32]), warps=st.sampled_from([1, 2, 4]),
+       stages=st.sampled_from([1, 2, 3]), splits=st.integers(1, 3), dtype=st.sampled_from(DTYPES),
+       seed=st.integers(0, 2**31 - 1))
+def test_prefix_attention_configs(R, Hkv, G, P, block_m, block_p, warps, stages, splits, dtype, seed):
+    """Any (BLOCK_M, BLOCK_P, num_warps, num_stages) the benchmark's sweep may try gives the reference's
+    state (the tile shapes only change how rows, heads and keys are walked)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = strided_q(R, Hkv * G, 16, dtype, gen)
+    k_pre, v_pre = cache_view(Hkv, P, 16, dtype, gen)
+    o, lse = prefix_attention_states(q, k_pre, v_pre, 0.25, splits=splits, config=(block_m, block_p, warps, stages))
+    o_m, lse_m = merge_split_states(o, lse)
+    o_ref, lse_ref = prefix_attention_ref(q, k_pre, v_pre, 0.25)
+    torch.testing.assert_close(o_m, o_ref, **tol(dtype))
+    torch.testing.assert_close(lse_m, lse_ref, **tol(dtype))
+
+
+def test_prefix_attention_rejects_bad_configs():
+    gen = torch.Generator().manual_seed(9)
+    q = strided_q(3, 2, 8, torch.float32, gen)
+    k_pre, v_pre = cache_view(1, 5, 8, torch.float32, gen)
+    for bad in ((64, 64, 4), (48, 64, 4, 2), (64, 8, 4, 2), (64, 64, 3, 2), [64, 64, 4, 2]):
+        with pytest.raises(ValueError, match="config"):
+            prefix_attention_states(q, k_pre, v_pre, 0.3, config=bad)
+
+
 def test_prefix_splits_rejects_bad_counts():
     gen = torch.Generator().manual_seed(9)
     q = strided_q(3, 2, 8, torch.float32, gen)
