@@ -39,7 +39,7 @@ def _split_half(node: Node) -> tuple[Node, int] | None:
     if node.op != "call_function" or node.target is not operator.getitem:
         return None
     split = node.args[0]
-    if not isinstance(split, Node) or not (split.op == "call_method" and split.target == "split"
+    if not isinstance(split, Node) or not ((split.op == "call_method" and split.target == "split")
                                            or split.target is torch.split):
         return None
     sizes = split.args[1] if len(split.args) > 1 else split.kwargs.get("split_size_or_sections",
