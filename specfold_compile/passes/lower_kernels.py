@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
 from .. import fold_ops
-from .analyze import Analysis
+from .analyze import Analysis, _shape
 
 
 def resolve_impl(kernels: str, device_type: str) -> str:
@@ -50,12 +50,6 @@ def _split_half(node: Node) -> tuple[Node, int] | None:
     return split.args[0], node.args[1]
 
 
-def _out_features(lin: Node) -> int | None:
-    weight = lin.args[1]
-    value = weight.meta.get("example_value", weight.meta.get("val")) if isinstance(weight, Node) else None
-    return int(value.shape[0]) if value is not None else None
-
-
 def _swiglu_sites(packed: dict[Node, dict[str, Node]]) -> list[tuple[Node, Node, Node, Node, dict[str, Node]]]:
     """(mul, silu, gate, up, plan) for every ``silu(gate) * up`` whose operands are the outputs of
     packed linears of one plan, as two linears of the same width or the two equal halves of one
@@ -71,8 +65,10 @@ def _swiglu_sites(packed: dict[Node, dict[str, Node]]) -> list[tuple[Node, Node,
                     if not isinstance(up, Node) or up is silu:
                         continue
                     if gate is lin:  # two linears
-                        ok = up in packed and packed[up] is plan and up is not lin \
-                            and _out_features(up) is not None and _out_features(up) == _out_features(lin)
+                        ok = up in packed and packed[up] is plan and up is not lin
+                        if ok:  # same width (out features), from the weights' traced shapes
+                            w_gate, w_up = _shape(lin.args[1]), _shape(up.args[1])
+                            ok = w_gate is not None and w_up is not None and w_gate[0] == w_up[0]
                     else:  # the halves of one fused linear, gate first
                         g, u = _split_half(gate), _split_half(up)
                         ok = g is not None and u is not None and g[0] is u[0] is lin and (g[1], u[1]) == (0, 1)
