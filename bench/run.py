@@ -148,7 +148,8 @@ def suite_check(args) -> list[dict]:
         tokens, parents = _inputs(model, 9, 4, 2)
         with torch.no_grad():
             dense, dense32 = model(tokens, parents, cache), model32(tokens, parents, cache32)
-            c0 = torch.compile(model, backend=specfold_backend, options={"tau": 0.0, "kernels": KERNELS, "fold_min_branches": 2})
+            c0 = torch.compile(model, backend=specfold_backend,
+                               options={"tau": 0.0, "kernels": KERNELS, "fold_min_branches": 2})
             p1 = _rel(c0(tokens, parents, cache), dense32)
             p1_dense = _rel(dense, dense32)
             torch._dynamo.reset()
