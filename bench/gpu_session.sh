@@ -39,10 +39,10 @@ case "$part" in
                     python bench/kernels/bench_$k.py --out "$OUT/bench_$k.json" 2>&1 | tail -n 3 | tee -a "$OUT/log.txt"
                   done
                   python bench/kernels/check_all.py --out "$OUT/check_all.json" 2>&1 | tail -n 5 | tee -a "$OUT/log.txt" ;;
-  attention_sweep) # the prefix kernel over a grid of tile configs against its default (not run yet; ~1150
-                  # timings, one model per call or per GPU: --models fastdllm-1.5b)
+  attention_sweep) # the prefix kernel over a grid of tile configs against its default and sessions 1-7's
+                  # (~400 timings a model, ~4 min; one model per call or per GPU: --models fastdllm-1.5b)
                   python bench/kernels/bench_attention.py --sweep --ns 1,5,17,33 --out "$OUT/bench_attention_sweep.json" \
-                    "${extra[@]}" 2>&1 | grep "^best" | tee -a "$OUT/log.txt" ;;
+                    "${extra[@]}" 2>&1 | grep --line-buffered "^best" | tee -a "$OUT/log.txt" ;;
   kernels_linear) for m in fastdllm-7b fastdllm-1.5b; do  # ~200 s a model (autotuning + 4 timings a point)
                     python bench/kernels/bench_packed_linear.py --models $m --out "$OUT/bench_packed_linear_$m.json" \
                       2>&1 | grep "layer=all" | tee -a "$OUT/log.txt"

@@ -5,7 +5,9 @@ against the reference.
 
 ``--sweep``: instead, time the one-split prefix kernel at every (BLOCK_M, BLOCK_P, num_warps, num_stages)
 of a small grid against the shape-based default, with all rows computed and with 19% of them (a
-folded call's count), and print the best per point; rows "prefix_attention_sweep"."""
+folded call's count), and print the best per point; rows "prefix_attention_sweep" (launch order of the
+current kernel, row tiles outermost) and "prefix_attention_sweep_old" (sessions 1-7's default config and
+launch order, row tiles fastest)."""
 from __future__ import annotations
 
 import math
@@ -25,8 +27,9 @@ from specfold_compile.kernels.attention_ref import (  # noqa: E402
 )
 
 
-SWEEP = [(bm, bp, w, st) for bm in (32, 64, 128) for bp in (32, 64, 128)
-         for w, st in ((4, 1), (4, 2), (4, 3), (8, 2))]
+SWEEP = [(bm, bp, w, st) for bm in (32, 64, 128) for bp in (64, 128)
+         for w, st in ((4, 2), (4, 3), (8, 2), (8, 3))]
+OLD_DEFAULT = (64, 64, 4, 2)  # sessions 1-7 at these shapes (rows * group <= 64 * 132)
 
 
 def prefix_problems(models, prefixes, dev, dt):
@@ -49,23 +52,26 @@ def sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
             ro, rl = prefix_attention_ref(q, k_pre, v_pre, scale)
             for computed in sorted({R, max(1, round(0.19 * R))}):
                 count = torch.tensor(computed, device=dev)
-                run = lambda cfg=None: prefix_attention_states(q, k_pre, v_pre, scale, count, splits=1, config=cfg)  # noqa: E731
+                run = lambda cfg=None, outer=True: prefix_attention_states(  # noqa: E731
+                    q, k_pre, v_pre, scale, count, splits=1, config=cfg, row_tiles_outer=outer)
                 default_ms = C.bench(run, args.quick)
-                for cfg in SWEEP[:2] if args.quick else SWEEP:
+                point = dict(model=mname, P=P, N=N, rows=R, computed=computed, default_ms=default_ms)
+                trials = [("prefix_attention_sweep", cfg, True) for cfg in (SWEEP[:2] if args.quick else SWEEP)]
+                for kernel, cfg, outer in trials + [("prefix_attention_sweep_old", OLD_DEFAULT, False)]:
                     try:
-                        o, lse = run(cfg)
+                        o, lse = run(cfg, outer)
                     except Exception as exc:  # e.g. triton's OutOfResources: the tiles do not fit shared memory
                         print(f"config {cfg}: {type(exc).__name__}", file=sys.stderr)
                         continue
                     err = max(C.rel_err(o[0, :computed], ro[:computed]), C.rel_err(lse[0, :computed], rl[:computed]))
-                    ms = C.bench(lambda: run(cfg), args.quick)
-                    rows.append(dict(model=mname, kernel="prefix_attention_sweep", P=P, N=N, rows=R,
-                                     computed=computed, config=list(cfg), ms=ms, default_ms=default_ms,
-                                     max_rel_err=err))
-                best = min((r for r in rows if (r["model"], r["P"], r["N"], r["computed"]) == (mname, P, N, computed)),
-                           key=lambda r: r["ms"])
+                    ms = C.bench(lambda: run(cfg, outer), args.quick)
+                    rows.append(dict(point, kernel=kernel, config=list(cfg), ms=ms, max_rel_err=err))
+                mine = [r for r in rows if all(r[k] == v for k, v in point.items())]
+                best = min((r for r in mine if r["kernel"] == "prefix_attention_sweep"), key=lambda r: r["ms"])
+                old_ms = [r["ms"] for r in mine if r["kernel"] == "prefix_attention_sweep_old"]
                 print(f"best {mname} P={P} N={N} computed={computed}: {best['config']} {best['ms'] * 1e3:.1f} us "
-                      f"(default {default_ms * 1e3:.1f} us)", file=sys.stderr)
+                      f"(default {default_ms * 1e3:.1f} us, sessions 1-7 {old_ms[0] * 1e3 if old_ms else float('nan'):.1f} us)",
+                      file=sys.stderr, flush=True)
     return rows
 
 

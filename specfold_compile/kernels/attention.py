@@ -29,7 +29,7 @@ from ._common import dot_precision, interpreting, tl_dtype
 @triton.jit
 def _prefix_attn_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, count_ptr, scale,
-    R, P, CHUNK,
+    R, P, CHUNK, M_TILES, HKV, SPLITS,
     stride_qr, stride_qh,
     stride_kh, stride_kp,
     stride_vh, stride_vp,
@@ -37,10 +37,21 @@ def _prefix_attn_kernel(
     stride_ls, stride_lr, stride_lh,
     HAS_COUNT: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, DOT_T: tl.constexpr, PREC: tl.constexpr,
+    ROW_TILES_OUTER: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    kvh = tl.program_id(1).to(tl.int64)
-    split = tl.program_id(2)
+    # One flat grid. ROW_TILES_OUTER: the row tile is the slowest index, so the programs that have rows
+    # below the device-side count come first in launch order and each gets an SM of its own, instead
+    # of sharing SMs with the row tiles of another head or split while others idle.
+    lin = tl.program_id(0)
+    if ROW_TILES_OUTER:
+        kvh = lin % HKV
+        split = (lin // HKV) % SPLITS
+        pid = lin // (HKV * SPLITS)
+    else:
+        pid = lin % M_TILES
+        kvh = (lin // M_TILES) % HKV
+        split = lin // (M_TILES * HKV)
+    kvh = kvh.to(tl.int64)
     p_lo = split * CHUNK  # this program's keys: [p_lo, p_hi)
     p_hi = tl.minimum(p_lo + CHUNK, P)
     m0 = pid * BLOCK_M
@@ -165,8 +176,11 @@ def _prefix_config(M_total: int, D: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_P, num_warps, num_stages) of the prefix kernel for M_total = rows * group."""
     if interpreting():
         return 16, 16, 4, 2
-    block_m = 64 if M_total <= 64 * 132 else 128
-    return block_m, 64, 4 if block_m == 64 else 8, 2
+    if M_total <= 64 * 132:
+        # three stages beat two at every point of the H200 sweep (7B shape, prefix 512 / 2048, N = 5 / 17,
+        # all rows or 19% computed: 4-14% faster; bench/results/h200/session8)
+        return 64, 64, 4, 3
+    return 128, 64, 8, 2
 
 
 def _check_prefix_config(config) -> tuple[int, int, int, int]:
@@ -213,14 +227,15 @@ def prefix_splits(programs: int, P: int, block_p: int, device: torch.device) -> 
 
 def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.Tensor, scale: float,
                             count: torch.Tensor | None = None, splits: int | None = None,
-                            config: tuple[int, int, int, int] | None = None):
+                            config: tuple[int, int, int, int] | None = None, row_tiles_outer: bool = True):
     """q [R,Hq,D] (strided ok, last dim contiguous); k_pre, v_pre [Hkv,P,D] (strided views ok).
     Returns S states over consecutive key ranges of the prefix: (o [S,R,Hq,D] float32, lse [S,R,Hq]
     float32, natural log); merged (attention_ref.merge_states) they are the attention over the whole
     prefix. ``splits``: S (None: ``prefix_splits``). With `count` (int64 0-d device tensor), rows >=
     count are skipped (their outputs are unspecified). ``config``: (BLOCK_M, BLOCK_P, num_warps,
     num_stages) instead of the shape-based default (for the benchmark's sweep,
-    ``bench/kernels/bench_attention.py --sweep``)."""
+    ``bench/kernels/bench_attention.py --sweep``). ``row_tiles_outer=False``: the launch order of
+    sessions 1-7 (row tiles fastest), kept for the sweep's comparison."""
     R, Hq, D = q.shape
     Hkv, P, Dk = k_pre.shape
     assert Dk == D and v_pre.shape == k_pre.shape and Hq % Hkv == 0
@@ -238,10 +253,10 @@ def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.T
         return o, lse
     chunk = triton.cdiv(triton.cdiv(max(P, 1), splits), BLOCK_P) * BLOCK_P  # whole key tiles per split
     BLOCK_D = max(16, triton.next_power_of_2(D))
-    grid = (triton.cdiv(R * G, BLOCK_M), Hkv, splits)
-    _prefix_attn_kernel[grid](
+    m_tiles = triton.cdiv(R * G, BLOCK_M)
+    _prefix_attn_kernel[(m_tiles * Hkv * splits,)](
         q, k_pre, v_pre, o, lse, count if count is not None else o, float(scale),
-        R, P, chunk,
+        R, P, chunk, m_tiles, Hkv, splits,
         q.stride(0), q.stride(1),
         k_pre.stride(0), k_pre.stride(1),
         v_pre.stride(0), v_pre.stride(1),
@@ -249,7 +264,7 @@ def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.T
         lse.stride(0), lse.stride(1), lse.stride(2),
         HAS_COUNT=count is not None, G=G, D=D, BLOCK_D=BLOCK_D,
         BLOCK_M=BLOCK_M, BLOCK_P=BLOCK_P, DOT_T=tl_dtype(q.dtype), PREC=dot_precision(q.dtype),
-        num_warps=num_warps, num_stages=num_stages,
+        ROW_TILES_OUTER=row_tiles_outer, num_warps=num_warps, num_stages=num_stages,
     )
     return o, lse
 

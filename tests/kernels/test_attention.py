@@ -167,11 +167,11 @@ def test_merge_states_edge_cases():
 @settings(**SETTINGS)
 @given(R=st.integers(1, 9), Hkv=st.integers(1, 2), G=st.sampled_from(GROUPS), D=st.sampled_from([8, 16]),
        P=st.sampled_from([0, 1, 15, 16, 17, 40, 70]), splits=st.integers(1, 6), dtype=st.sampled_from(DTYPES),
-       mid_count=st.booleans(), seed=st.integers(0, 2**31 - 1))
-def test_prefix_attention_split_states(R, Hkv, G, D, P, splits, dtype, mid_count, seed):
+       mid_count=st.booleans(), row_tiles_outer=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_prefix_attention_split_states(R, Hkv, G, D, P, splits, dtype, mid_count, row_tiles_outer, seed):
     """Split along the prefix (flash-decoding): the S states merged are the whole prefix's state (splits
     past the end of the prefix are empty states), and the block kernel merging all S states matches
-    the reference fed the one-piece state."""
+    the reference fed the one-piece state; in either launch order of the flat grid."""
     gen = torch.Generator().manual_seed(seed)
     Hq = Hkv * G
     q = strided_q(R, Hq, D, dtype, gen)
@@ -179,7 +179,7 @@ def test_prefix_attention_split_states(R, Hkv, G, D, P, splits, dtype, mid_count
     scale = 1.0 / math.sqrt(D)
     c = R // 2 if mid_count else R
     count = torch.tensor(c, dtype=torch.int64, device=DEVICE) if mid_count else None
-    o, lse = prefix_attention_states(q, k_pre, v_pre, scale, count, splits=splits)
+    o, lse = prefix_attention_states(q, k_pre, v_pre, scale, count, splits=splits, row_tiles_outer=row_tiles_outer)
     assert o.shape == (splits, R, Hq, D) and lse.shape == (splits, R, Hq)
     o_m, lse_m = merge_split_states(o[:, :c], lse[:, :c])
     o_ref, lse_ref = prefix_attention_ref(q, k_pre, v_pre, scale)
