@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|writes|memory|end_to_end|breakdown|kernels|attention_sweep|kernels_linear|gate_flags|min_spill [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|kernels_linear|gate_flags|min_spill [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -28,6 +28,9 @@ case "$part" in
   unfused)        # ablation: q/k/v and gate/up as separate GEMMs (the models fuse them by default), prefix 512,
                   # one shape per call or two side by side: bash bench/gpu_session.sh unfused --models NAME
                   run --suite per_check --prefixes 512 --ns 1,5,13,17,33 --ratios 0.1,0.25 --no-fuse-projections --budget 540 ;;
+  fold_head)      # options["fold_head"]=True (folded rows take their origin's logits; lossy, off by default), prefix
+                  # 512, one shape per call or two side by side: bash bench/gpu_session.sh fold_head --models NAME
+                  run --suite per_check --prefixes 512 --ns 9,17,33 --ratios 0.1,0.25 --fold-head --no-inductor --budget 300 ;;
   writes)         # block-write latency, eager and Inductor (~90 s a model, the compile); merge into per_check.json
                   run --suite writes --budget 540 ;;
   memory)         run --suite memory ;;

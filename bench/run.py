@@ -284,7 +284,8 @@ def suite_per_check(args) -> list[dict]:
                             add({**base, "mode": mode, "recompute_ratio": ratio, "ms": ms, "cuda_graph": cg,
                                          "target_ratio": target, "first_call_s": first_call_s[mode], "folded": folds,
                                          "dense_fraction": args.dense_fraction, "min_spill_us": args.min_spill_us,
-                                         "fold_min_branches": args.fold_min_branches})
+                                         "fold_min_branches": args.fold_min_branches,
+                                         **({"fold_head": True} if args.fold_head else {})})
                 except Exception as exc:  # keep measuring the rest; record why this one failed
                     traceback.print_exc()
                     add({**base, "mode": "error", "error": repr(exc)[:300]})
@@ -601,7 +602,7 @@ def main(argv=None) -> int:
                     help="SpecFold options['min_spill_us'] (per_check, breakdown, end_to_end; default: the backend's)")
     ap.add_argument("--fold-min-branches", type=int, default=None,
                     help="SpecFold options['fold_min_branches'] (per_check; default None: the cost model)")
-    ap.add_argument("--fold-head", action="store_true", help="per_check: SpecFold with options['fold_head']")
+    ap.add_argument("--fold-head", action="store_true", help="per_check: SpecFold with options['fold_head'] (its rows get fold_head=true)")
     ap.add_argument("--no-fuse-projections", dest="fuse_projections", action="store_false",
                     help="check / per_check / writes / memory / breakdown: models with q/k/v and gate/up as "
                          "separate GEMMs (the models' default fuses them); per_check rows get "
