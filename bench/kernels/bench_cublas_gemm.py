@@ -33,6 +33,11 @@ def time_mm(x: torch.Tensor, weights: list[torch.Tensor], y: torch.Tensor) -> fl
         for w in weights:
             torch.mm(x, w.t(), out=y)
 
+    return time_pass(one_pass, len(weights))
+
+
+def time_pass(one_pass, calls: int) -> float:
+    """Median microseconds per call of ``one_pass`` (``calls`` GEMMs), from CUDA-graph replays."""
     for _ in range(3):
         one_pass()
     torch.cuda.synchronize()
@@ -47,7 +52,7 @@ def time_mm(x: torch.Tensor, weights: list[torch.Tensor], y: torch.Tensor) -> fl
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return 1e3 * sorted(times)[len(times) // 2] / len(weights)
+    return 1e3 * sorted(times)[len(times) // 2] / calls
 
 
 def main() -> None:

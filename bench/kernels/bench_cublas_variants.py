@@ -1,0 +1,64 @@
+"""Does cuBLAS pick faster kernels for the packed linears' GEMMs with another call? At the decoder's
+fused weight shapes and the cuBLAS head's row counts, weights cold in L2 (as bench_cublas_gemm.py):
+``mm`` = torch.mm(x, w.t()) as the backend calls it, ``slice`` = the same on the leading rows of a
+272-row buffer (as a packed linear's head), ``nn`` = the weight stored transposed ([in, out],
+contiguous); each with cuBLAS and with cuBLASLt (torch.backends.cuda.preferred_blas_library).
+
+    PYTHONPATH=. python bench/kernels/bench_cublas_variants.py --out bench/results/h200/session8/call1/gemm_probe.json
+
+Rows: {"model", "weight", "M", "<variant>_<library>": microseconds per GEMM, ...}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_cublas_gemm import MODELS, time_pass, weight_shapes  # noqa: E402
+
+from specfold_compile.models.config import preset  # noqa: E402
+
+WEIGHTS = ("qkv", "o", "gate_up", "down")
+ROWS = (64, 96, 128, 192, 256)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="bench_cublas_variants.json")
+    ap.add_argument("--models", type=lambda v: tuple(v.split(",")), default=MODELS)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_cublas_variants: needs a CUDA GPU (it times cuBLAS)")
+    rows = []
+    for name in args.models:
+        for wname, (m, k) in weight_shapes(preset(name)).items():
+            if wname not in WEIGHTS:
+                continue
+            copies = min(40, max(2, int(400e6 // (m * k * 2)) + 1))
+            ws = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+            wts = [w.t().contiguous() for w in ws]
+            for n_rows in ROWS:
+                xb = torch.randn(max(272, n_rows), k, device="cuda", dtype=torch.bfloat16)
+                yb = torch.empty(xb.shape[0], m, device="cuda", dtype=torch.bfloat16)
+                x, y = xb[:n_rows].clone(), yb[:n_rows].clone()
+                row = {"model": name, "weight": wname, "M": n_rows}
+                for lib in ("cublas", "cublaslt"):
+                    torch.backends.cuda.preferred_blas_library(lib)
+                    row[f"mm_{lib}"] = round(time_pass(lambda: [torch.mm(x, w.t(), out=y) for w in ws], copies), 2)
+                    row[f"slice_{lib}"] = round(time_pass(
+                        lambda: [torch.mm(xb[:n_rows], w.t(), out=yb[:n_rows]) for w in ws], copies), 2)
+                    row[f"nn_{lib}"] = round(time_pass(lambda: [torch.mm(x, wt, out=y) for wt in wts], copies), 2)
+                torch.backends.cuda.preferred_blas_library("cublas")
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            del ws, wts
+    with open(args.out, "w") as fh:
+        json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
