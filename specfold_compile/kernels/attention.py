@@ -177,8 +177,8 @@ def _prefix_config(M_total: int, D: int) -> tuple[int, int, int, int]:
     if interpreting():
         return 16, 16, 4, 2
     if M_total <= 64 * 132:
-        # three stages beat two at every point of the H200 sweep (7B shape, prefix 512 / 2048, N = 5 / 17,
-        # all rows or 19% computed: 4-14% faster; bench/results/h200/session8)
+        # three stages beat two at every point of the H200 sweep (1.5B and 7B shapes, prefix 512 / 2048,
+        # N = 5 / 17, all rows or 19% computed: 8-18% faster; bench/results/h200/session8/call2)
         return 64, 64, 4, 3
     return 128, 64, 8, 2
 
