@@ -91,8 +91,9 @@ class _Progress:
             sys.stderr.flush()
 
 
-def compiled_model(model, tau: float, kernels: str = "torch"):
-    return torch.compile(model, backend="specfold", options={"tau": float(tau), "kernels": kernels})
+def compiled_model(model, tau: float, kernels: str = "torch", fold_head: bool = False):
+    return torch.compile(model, backend="specfold",
+                         options={"tau": float(tau), "kernels": kernels, "fold_head": bool(fold_head)})
 
 
 def _unique_graphs() -> int | None:
@@ -200,7 +201,7 @@ def warm_up(model, target, mode: str, *, max_new_tokens: int, threshold: float, 
 
 def evaluate(model, tasks, modes, *, limit: int, tau: float = 0.1, draft_budgets=(8,), draft_graph=None,
              max_new_tokens: int = 96, threshold: float = 0.9, seed: int = 0, device: str = "cpu",
-             kernels: str = "torch", progress: bool = True) -> dict:
+             kernels: str = "torch", fold_head: bool = False, progress: bool = True) -> dict:
     """The ``results`` / equality / timing part of the eval report (see ``eval_cli``).
 
     With several draft budgets, the Spiffy and SpecFold modes run once per budget under the names
@@ -217,7 +218,7 @@ def evaluate(model, tasks, modes, *, limit: int, tau: float = 0.1, draft_budgets
             for b in budgets:
                 variants.append((mode if len(budgets) == 1 else f"{mode}_b{b}", mode, b))
 
-    compiled = compiled_model(model, tau, kernels) if "specfold" in modes else None
+    compiled = compiled_model(model, tau, kernels, fold_head) if "specfold" in modes else None
     targets = {"vanilla": model, "spiffy": model, "specfold": compiled}
     warm: dict[str, float] = {}
     graphs_before = _unique_graphs()
@@ -314,6 +315,8 @@ def eval_cli(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--threshold", type=float, default=0.9)
     ap.add_argument("--kernels", default="torch", choices=("auto", "torch", "triton"))
+    ap.add_argument("--fold-head", action="store_true",
+                    help="SpecFold also folds the final norm and LM head (options['fold_head'])")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="write the JSON report here")
@@ -330,7 +333,7 @@ def eval_cli(argv=None) -> int:
     graph = resolve_draft_graph(a.model, a.draft_graph)
     rep = evaluate(model, tasks, modes, limit=a.limit, tau=a.tau, draft_budgets=budgets, draft_graph=graph,
                    max_new_tokens=a.max_new_tokens, threshold=a.threshold, seed=a.seed, device=a.device,
-                   kernels=a.kernels, progress=not a.quiet)
+                   kernels=a.kernels, fold_head=a.fold_head, progress=not a.quiet)
     report = {
         "results": rep["results"],
         "spiffy_tokens_equal_vanilla": rep["spiffy_tokens_equal_vanilla"],
@@ -339,7 +342,7 @@ def eval_cli(argv=None) -> int:
         "settings": {"tasks": tasks, "modes": modes, "tau": a.tau, "limit": a.limit, "split": "test",
                      "draft_budgets": budgets, "draft_graph": graph or "decoding default",
                      "max_new_tokens": a.max_new_tokens, "threshold": a.threshold, "kernels": a.kernels,
-                     "device": a.device, "seed": a.seed, "torch_threads": torch.get_num_threads()},
+                     "fold_head": a.fold_head, "device": a.device, "seed": a.seed, "torch_threads": torch.get_num_threads()},
         "versions": versions(),
         "machine": MACHINE if a.device == "cpu" else a.device,
         "compile_seconds": rep["compile_seconds"],

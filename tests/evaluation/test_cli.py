@@ -27,6 +27,27 @@ def test_eval_writes_schema_and_spiffy_is_lossless(tmp_path, capsys):
     assert "accuracy" in capsys.readouterr().out
 
 
+def test_eval_fold_head_reaches_the_backend(tmp_path, monkeypatch):
+    """``--fold-head`` compiles SpecFold with options["fold_head"] and says so in the report."""
+    from specfold_compile import evaluation
+
+    seen = []
+    original = evaluation.compiled_model
+
+    def recording(model, tau, kernels="torch", fold_head=False):
+        seen.append(fold_head)
+        return original(model, tau, kernels, fold_head)
+
+    monkeypatch.setattr(evaluation, "compiled_model", recording)
+    for flag, want in (([], False), (["--fold-head"], True)):
+        out = tmp_path / f"eval_{want}.json"
+        rc = main(["eval", "--tasks", "math", "--modes", "specfold", "--limit", "1", "--max-new-tokens", "32",
+                   "--out", str(out), "--quiet", *flag])
+        assert rc == 0 and seen[-1] is want
+        d = json.loads(out.read_text())
+        assert d["settings"]["fold_head"] is want and d["results"]["math"]["specfold"]["n"] == 1
+
+
 def test_spiffy_equals_vanilla_tokens():
     from specfold_compile.decoding import generate
     from specfold_compile.evaluation import resolve_draft_graph
