@@ -12,6 +12,16 @@ def empty(shape, dtype, device):
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def expect(ok: bool, name: str, expected: str, got) -> None:
+    """The launchers' input check: a ValueError naming the argument, what it must be and what it was."""
+    if not ok:
+        raise ValueError(f"{name}: expected {expected}, got {got}")
+
+
+def shape(t: torch.Tensor) -> tuple:
+    return tuple(t.shape)
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 

@@ -132,7 +132,11 @@ def fold_gate_from_flags(fold: torch.Tensor, parents: torch.Tensor):
 
 
 def _resolve(fold: torch.Tensor, parents: torch.Tensor, write_fold: bool):
+    _common.expect(fold.dim() == 2, "fold", "[N, B]", tuple(fold.shape))
     N, B = fold.shape
+    _common.expect(parents.dim() == 1 and parents.shape[0] == N, "parents", f"[{N}] (one per branch)",
+                   tuple(parents.shape))
+    parents = parents.to(device=fold.device, dtype=torch.int64)  # as fold_gate takes them
     dev = fold.device
     fold_i8 = fold.contiguous().view(torch.int8) if fold.dtype == torch.bool else fold.to(torch.int8).contiguous()
     origin = _common.empty((N, B), torch.int64, dev)
@@ -157,7 +161,9 @@ def fold_gate(h: torch.Tensor, parents: torch.Tensor, tau: torch.Tensor):
     Returns (fold_mask bool [N,B], origin int64 [N,B], rows int64 [N*B], count int64 0-d,
     slot int64 [N,B]). No host synchronisation.
     """
-    assert h.dim() == 3, "h must be [N, B, C]"
+    _common.expect(h.dim() == 3, "h", "[N, B, C]", tuple(h.shape))
+    _common.expect(parents.dim() == 1 and parents.shape[0] == h.shape[0], "parents", f"[{h.shape[0]}] (one per branch)",
+                   tuple(parents.shape))
     parents = parents.to(device=h.device, dtype=torch.int64).contiguous()
     tau = tau.to(device=h.device, dtype=torch.float32)
     fold = _fold_flags(h, parents, tau)

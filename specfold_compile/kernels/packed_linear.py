@@ -123,8 +123,10 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     are unspecified. Only rows >= ``row_start`` are written (into ``out`` [R, M] when given)."""
     lead = x.shape[:-1]
     K = x.shape[-1]
-    M, Kw = weight.shape
-    assert Kw == K
+    _common.expect(weight.dim() == 2 and weight.shape[1] == K, "weight", f"[M, {K}] (x's last dim)", tuple(weight.shape))
+    M = weight.shape[0]
+    _common.expect(bias is None or tuple(bias.shape) == (M,), "bias", f"None or [{M}]",
+                   None if bias is None else tuple(bias.shape))
     x2 = x.reshape(-1, K)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -132,7 +134,9 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         weight = weight.contiguous()
     R = x2.shape[0]
     y = _common.empty((R, M), x.dtype, x.device) if out is None else out
-    assert y.shape == (R, M) and y.stride(-1) == 1 and 0 <= row_start <= R
+    _common.expect(0 <= row_start <= R, "row_start", f"0..{R}", row_start)
+    _common.expect(y.shape == (R, M) and y.stride(-1) == 1, "out", f"[{R}, {M}] with a contiguous last dim",
+                   f"{tuple(y.shape)} strides {tuple(y.stride())}")
     if R == row_start or M == 0:
         return y.view(*lead, M)
     common = dict(HAS_BIAS=bias is not None, HAS_COUNT=count is not None, PREC=dot_precision(x.dtype))
