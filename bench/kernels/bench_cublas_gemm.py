@@ -27,6 +27,12 @@ def weight_shapes(cfg) -> dict[str, tuple[int, int]]:
             "gate_up": (2 * f, c), "lm_head": (cfg.vocab_size, c)}
 
 
+def cold_weights(m: int, k: int) -> list[torch.Tensor]:
+    """Enough bf16 [m, k] copies (>= 400 MB, 2-40 of them) that a pass over them leaves none in L2."""
+    copies = min(40, max(2, int(400e6 // (m * k * 2)) + 1))
+    return [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+
+
 def time_mm(x: torch.Tensor, weights: list[torch.Tensor], y: torch.Tensor) -> float:
     """Median microseconds of one torch.mm, from CUDA-graph replays of a pass over every weight copy."""
     def one_pass():
@@ -65,8 +71,7 @@ def main() -> None:
     rows = []
     for name in args.models:
         for wname, (m, k) in weight_shapes(preset(name)).items():
-            copies = min(40, max(2, int(400e6 // (m * k * 2)) + 1))
-            weights = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+            weights = cold_weights(m, k)
             for n_rows in ROWS:
                 x = torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16)
                 y = torch.empty(n_rows, m, device="cuda", dtype=torch.bfloat16)

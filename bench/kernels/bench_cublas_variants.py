@@ -18,7 +18,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_cublas_gemm import MODELS, time_pass, weight_shapes  # noqa: E402
+from bench_cublas_gemm import MODELS, cold_weights, time_pass, weight_shapes  # noqa: E402
 
 from specfold_compile.models.config import preset  # noqa: E402
 
@@ -38,8 +38,8 @@ def main() -> None:
         for wname, (m, k) in weight_shapes(preset(name)).items():
             if wname not in WEIGHTS:
                 continue
-            copies = min(40, max(2, int(400e6 // (m * k * 2)) + 1))
-            ws = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+            ws = cold_weights(m, k)
+            copies = len(ws)
             wts = [w.t().contiguous() for w in ws]
             for n_rows in ROWS:
                 xb = torch.randn(max(272, n_rows), k, device="cuda", dtype=torch.bfloat16)
