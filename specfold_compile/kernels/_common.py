@@ -18,10 +18,6 @@ def expect(ok: bool, name: str, expected: str, got) -> None:
         raise ValueError(f"{name}: expected {expected}, got {got}")
 
 
-def shape(t: torch.Tensor) -> tuple:
-    return tuple(t.shape)
-
-
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from . import _common
 
-from ._common import dot_precision, expect, interpreting, shape, tl_dtype
+from ._common import dot_precision, expect, interpreting, tl_dtype
 
 
 @triton.jit
@@ -236,10 +236,10 @@ def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.T
     num_stages) instead of the shape-based default (for the benchmark's sweep,
     ``bench/kernels/bench_attention.py --sweep``). ``row_tiles_outer=False``: the launch order of
     sessions 1-7 (row tiles fastest), kept for the sweep's comparison."""
-    expect(q.dim() == 3, "q", "[R, Hq, D]", shape(q))
+    expect(q.dim() == 3, "q", "[R, Hq, D]", tuple(q.shape))
     expect(k_pre.dim() == 3 and k_pre.shape[-1] == q.shape[-1] and q.shape[1] % max(k_pre.shape[0], 1) == 0,
-           "k_pre", f"[Hkv, P, {q.shape[-1]}] with Hkv dividing Hq = {q.shape[1]}", shape(k_pre))
-    expect(v_pre.shape == k_pre.shape, "v_pre", f"k_pre's shape {shape(k_pre)}", shape(v_pre))
+           "k_pre", f"[Hkv, P, {q.shape[-1]}] with Hkv dividing Hq = {q.shape[1]}", tuple(k_pre.shape))
+    expect(v_pre.shape == k_pre.shape, "v_pre", f"k_pre's shape {tuple(k_pre.shape)}", tuple(v_pre.shape))
     R, Hq, D = q.shape
     Hkv, P, _ = k_pre.shape
     _check_last_contig(q=q, k_pre=k_pre, v_pre=v_pre)
@@ -286,19 +286,20 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: tor
     lse_pre [R,Hq] f32, or S split states [S,R,Hq,D] / [S,R,Hq] (``prefix_attention_states``)
     -> o [N,B,Hq,D] in q.dtype: each (n,b) attends with q[slot[n,b]] over k/v[slot[n,0..B-1]] and
     the result is merged with the prefix state(s) at slot[n,b]."""
-    expect(q.dim() == 3, "q", "[R, Hq, D]", shape(q))
+    expect(q.dim() == 3, "q", "[R, Hq, D]", tuple(q.shape))
     R, Hq, D = q.shape
     expect(k.dim() == 3 and k.shape[0] == R and k.shape[-1] == D and Hq % max(k.shape[1], 1) == 0,
-           "k", f"[{R}, Hkv, {D}] with Hkv dividing Hq = {Hq}", shape(k))
-    expect(v.shape == k.shape, "v", f"k's shape {shape(k)}", shape(v))
-    expect(slot.dim() == 2, "slot", "[N, B]", shape(slot))
+           "k", f"[{R}, Hkv, {D}] with Hkv dividing Hq = {Hq}", tuple(k.shape))
+    expect(v.shape == k.shape, "v", f"k's shape {tuple(k.shape)}", tuple(v.shape))
+    expect(slot.dim() == 2, "slot", "[N, B]", tuple(slot.shape))
     Hkv = k.shape[1]
     N, B = slot.shape
     if o_pre.dim() == 3:
         o_pre, lse_pre = o_pre.unsqueeze(0), lse_pre.unsqueeze(0)
     expect(o_pre.dim() == 4 and o_pre.shape[1:] == (R, Hq, D), "o_pre", f"[{R}, {Hq}, {D}] or [S, {R}, {Hq}, {D}]",
-           shape(o_pre))
-    expect(lse_pre.shape == o_pre.shape[:3], "lse_pre", f"{shape(o_pre)[:3]} (o_pre's leading dims)", shape(lse_pre))
+           tuple(o_pre.shape))
+    expect(lse_pre.shape == o_pre.shape[:3], "lse_pre", f"{tuple(o_pre.shape)[:3]} (o_pre's leading dims)",
+           tuple(lse_pre.shape))
     _check_last_contig(q=q, k=k, v=v, o_pre=o_pre)
     if slot.stride(-1) != 1:
         slot = slot.contiguous()

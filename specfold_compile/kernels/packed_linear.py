@@ -123,7 +123,8 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     are unspecified. Only rows >= ``row_start`` are written (into ``out`` [R, M] when given)."""
     lead = x.shape[:-1]
     K = x.shape[-1]
-    _common.expect(weight.dim() == 2 and weight.shape[1] == K, "weight", f"[M, {K}] (x's last dim)", tuple(weight.shape))
+    _common.expect(weight.dim() == 2 and weight.shape[1] == K, "weight", f"[M, {K}] (x's last dim)",
+                   tuple(weight.shape))
     M = weight.shape[0]
     _common.expect(bias is None or tuple(bias.shape) == (M,), "bias", f"None or [{M}]",
                    None if bias is None else tuple(bias.shape))

@@ -41,8 +41,7 @@ def _rows(t: torch.Tensor, name: str) -> torch.Tensor:
     """[..., F] -> [R, F] without a copy where the rows are evenly strided (a split of a fused
     gate_up output is); the last dim must be contiguous."""
     t2 = t.reshape(-1, t.shape[-1]) if t.dim() != 2 else t
-    if t2.stride(-1) != 1:
-        raise ValueError(f"{name}: expected a contiguous last dim, got strides {tuple(t.stride())}")
+    _common.expect(t2.stride(-1) == 1, name, "a contiguous last dim", f"strides {tuple(t.stride())}")
     return t2
 
 
@@ -50,9 +49,8 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, count: torch.Tensor | None = 
     """gate, up [..., F] of one shape and dtype (rows evenly strided, last dim contiguous: views such
     as the halves of a fused gate_up output are read in place); count: int64 0-d device tensor (None:
     every row). Returns silu(gate) * up [..., F] in gate.dtype; rows >= count are unspecified."""
-    if gate.shape != up.shape or gate.dtype != up.dtype:
-        raise ValueError(f"gate, up: expected one shape and dtype, got {tuple(gate.shape)} {gate.dtype} "
-                         f"and {tuple(up.shape)} {up.dtype}")
+    _common.expect(gate.shape == up.shape and gate.dtype == up.dtype, "gate, up", "one shape and dtype",
+                   f"{tuple(gate.shape)} {gate.dtype} and {tuple(up.shape)} {up.dtype}")
     g2, u2 = _rows(gate, "gate"), _rows(up, "up")
     R, F = g2.shape
     out = _common.empty((R, F), gate.dtype, gate.device)
