@@ -89,9 +89,13 @@ def _rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
-# where each fold op's schema takes its impl ("torch" / "triton")
-_IMPL_ARG = {fold_ops.FOLD_GATE: 5, fold_ops.FOLDED_ATTENTION: 8, fold_ops.PACKED_LINEAR: 5,
-             fold_ops.PACKED_SILU_MUL: 3}
+_FOLD_OPS = (fold_ops.FOLD_GATE, fold_ops.FOLDED_ATTENTION, fold_ops.PACKED_LINEAR, fold_ops.PACKED_SILU_MUL)
+
+
+def _impl(node) -> str:
+    """The fold op's ``impl`` argument ("torch" / "triton"), found by name in its schema."""
+    names = [a.name for a in node.target._schema.arguments]
+    return node.args[names.index("impl")]
 
 
 def _op_counts(graphs) -> dict:
@@ -101,8 +105,8 @@ def _op_counts(graphs) -> dict:
         for node in gm.graph.nodes:
             if node.op != "call_function":
                 continue
-            if node.target in _IMPL_ARG:
-                key = f"{node.target.name()}[{node.args[_IMPL_ARG[node.target]]}]"
+            if node.target in _FOLD_OPS:
+                key = f"{node.target.name()}[{_impl(node)}]"
             elif node.target in (torch._C._nn.linear, torch.nn.functional.linear):
                 key = "dense linear"
             else:
