@@ -65,6 +65,7 @@ def parse_args(argv=None, desc="", extra=None):
     ap.add_argument("--quick", action="store_true", help="tiny shapes (interpreter smoke run)")
     ap.add_argument("--models", default=None, help="comma-separated subset of models")
     ap.add_argument("--ns", default=None, help="comma-separated branch counts (default: 5,9,17,33)")
+    ap.add_argument("--prefixes", default=None, help="comma-separated prefix lengths (default: 512,2048)")
     return ap.parse_args(argv)
 
 
@@ -76,7 +77,8 @@ def configs(args):
     if args.models:
         models = {k: MODELS[k] for k in args.models.split(",")}
     ns = [int(n) for n in args.ns.split(",")] if getattr(args, "ns", None) else NS
-    return models, BLOCK, PREFIXES, ns
+    prefixes = [int(p) for p in args.prefixes.split(",")] if getattr(args, "prefixes", None) else PREFIXES
+    return models, BLOCK, prefixes, ns
 
 
 def bench(fn, quick=False) -> float:

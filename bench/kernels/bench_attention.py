@@ -75,10 +75,54 @@ def sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
     return rows
 
 
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def split_sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
+    rows = []
+    for mname, m, scale, P, k_pre, v_pre in prefix_problems(models, prefixes, dev, dt):
+        hq, hkv, d = m["hq"], m["hkv"], m["d"]
+        for N in ns:
+            R = N * block
+            q = torch.randn(R, hq, d, device=dev).to(dt)
+            k = torch.randn(R, hkv, d, device=dev).to(dt)
+            v = torch.randn(R, hkv, d, device=dev).to(dt)
+            slot = torch.arange(R, device=dev).view(N, block)
+            ro, rl = prefix_attention_ref(q, k_pre, v_pre, scale)
+            ref = block_attention_ref(q, k, v, slot, ro, rl, scale)
+            for computed in sorted({R, max(1, round(0.19 * R))}):
+                count = torch.tensor(computed, device=dev)
+                default = prefix_attention_states(q, k_pre, v_pre, scale, count)[0].shape[0]
+                point = dict(model=mname, P=P, N=N, rows=R, computed=computed, default_splits=default)
+                mine = []
+                for S in (SPLITS[:2] if args.quick else SPLITS):
+                    o_s, lse_s = prefix_attention_states(q, k_pre, v_pre, scale, count, splits=S)
+                    out = block_attention(q, k, v, slot, o_s, lse_s, scale)
+                    err = C.rel_err(out.reshape(R, hq, d)[:computed], ref.reshape(R, hq, d)[:computed])
+                    prefix_ms = C.bench(lambda: prefix_attention_states(q, k_pre, v_pre, scale, count, splits=S),
+                                        args.quick)
+                    block_ms = C.bench(lambda: block_attention(q, k, v, slot, o_s, lse_s, scale), args.quick)
+                    mine.append(dict(point, kernel="prefix_split_sweep", splits=S, prefix_ms=prefix_ms,
+                                     block_ms=block_ms, ms=prefix_ms + block_ms, max_rel_err=err))
+                rows += mine
+                best = min(mine, key=lambda r: r["ms"])
+                chosen = [r["ms"] for r in mine if r["splits"] == default]
+                print(f"split {mname} P={P} N={N} computed={computed}: best S={best['splits']} "
+                      f"{best['ms'] * 1e3:.1f} us, default S={default} "
+                      f"{chosen[0] * 1e3 if chosen else float('nan'):.1f} us", file=sys.stderr, flush=True)
+    return rows
+
+
 def main(argv=None):
-    args = C.parse_args(argv, __doc__, extra=lambda ap: ap.add_argument(
-        "--sweep", action="store_true", help="time the prefix kernel over a grid of tile configs"))
+    def extra(ap):
+        ap.add_argument("--sweep", action="store_true", help="time the prefix kernel over a grid of tile configs")
+        ap.add_argument("--split-sweep", action="store_true",
+                        help="time prefix + block kernels at every split count of SPLITS")
+    args = C.parse_args(argv, __doc__, extra=extra)
     models, block, prefixes, ns = C.configs(args)
+    if args.split_sweep:
+        return C.emit("attention_split_sweep", split_sweep(args, models, block, prefixes, ns, C.device(),
+                                                           torch.bfloat16), args)
     if args.sweep:
         return C.emit("attention_sweep", sweep(args, models, block, prefixes, ns, C.device(), torch.bfloat16), args)
     dev = C.device()

@@ -18,13 +18,15 @@ def bench_path():
     sys.path.remove(BENCH)
 
 
-@pytest.mark.parametrize("name", ["bench_gate", "bench_attention", "bench_packed_linear", "check_all"])
-def test_bench_quick(name, bench_path, tmp_path):
+@pytest.mark.parametrize("name, flags", [("bench_gate", ()), ("bench_attention", ()),
+                                         ("bench_attention", ("--split-sweep",)), ("bench_packed_linear", ()),
+                                         ("check_all", ())])
+def test_bench_quick(name, flags, bench_path, tmp_path):
     import importlib
 
     mod = importlib.import_module(name)
     out = tmp_path / f"{name}.json"
-    ret = mod.main(["--quick", "--out", str(out)])
+    ret = mod.main(["--quick", *flags, "--out", str(out)])
     data = json.loads(out.read_text())
     assert data["results"], name
     if name == "check_all":
