@@ -16,6 +16,7 @@ are rounded to the storage dtype for the PV product as in FlashAttention.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
@@ -195,13 +196,25 @@ def _check_prefix_config(config) -> tuple[int, int, int, int]:
 
 
 MAX_PREFIX_SPLITS = 16
-# The split count's cost model, from the H200 kernel benchmark (bench/kernels/bench_attention.py,
-# session 6; 1.5B shape, N = 1): walking the prefix costs ~1.0 us a 64-key tile in a program (36 us for
-# 2048 keys), and every split beyond the first costs block_attention ~1.5 us to merge (its per-split
-# loop: 7 -> 30.5 us for 16 splits). Splitting only pays where few programs walk a long prefix; at 512
-# keys it lost at every N measured (N = 1: 18 -> 22 us for both kernels), so shorter prefixes never split.
+SPLIT_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
+# The split count's cost model, from the H200 kernel benchmarks (bench/kernels/bench_attention.py):
+# walking the prefix costs ~1.0 us a 64-key tile in a program (session 6: 36 us for 2048 keys at N = 1),
+# and every split beyond the first costs the block kernel's merge ~1.6 us, more once the rows x query
+# heads merged grow past ~3500 (3.3-4.5 us a split at 7B, N = 17; 5-7 us at N = 33), hence
+# max(SPLIT_MERGE_US, SPLIT_MERGE_US_PER_ROW_HEAD * rows * Hq); SPLIT_MERGE_US = 2.5 rather than 1.6 also
+# charges what the extra programs cost the prefix kernel (fitted, with PROGRAMS_PER_SM and
+# FOLDED_ROWS_GUESS, to session 9's ``--split-sweep``: 60 points of 1.5B / 7B, prefix 1024-4096,
+# N = 1-33, all rows or 19% computed; the rule's pick is 1.02x the best split count on average, 1.10x at
+# worst, against 1.17x / 2.18x for session 6's rule of one working program per SM). Up to
+# PROGRAMS_PER_SM working programs share an SM. A folded call (a device-side count) computes ~0.16-0.19
+# of its rows in the task suite and the benchmarks, so its working programs are estimated from
+# FOLDED_ROWS_GUESS of the rows. At 512 keys splitting lost at every N measured (session 6; N = 1:
+# 18 -> 22 us for both kernels), so shorter prefixes than MIN_SPLIT_PREFIX never split.
 SPLIT_TILE_US = 1.0
-SPLIT_MERGE_US = 1.5
+SPLIT_MERGE_US = 2.5
+SPLIT_MERGE_US_PER_ROW_HEAD = 0.45e-3
+PROGRAMS_PER_SM = 2
+FOLDED_ROWS_GUESS = 0.25
 MIN_SPLIT_PREFIX = 1024
 
 
@@ -210,19 +223,20 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def prefix_splits(programs: int, P: int, block_p: int, device: torch.device) -> int:
+def prefix_splits(programs: int, P: int, block_p: int, device: torch.device, row_heads: int = 0) -> int:
     """The split count with the least estimated time of both kernels: the key tiles each program walks
-    plus the merge cost of the extra states, among the counts that keep every program on an SM of its
-    own (beyond one wave the measured prefix kernel gained nothing from splitting: 1.5B, N = 17 and 33).
-    One split off the GPU and below MIN_SPLIT_PREFIX keys. From shapes only, so a captured CUDA graph
-    replays the same launch."""
+    plus the merge cost of the extra states (``row_heads``: rows x query heads the block kernel merges),
+    among the counts of SPLIT_CHOICES that put at most PROGRAMS_PER_SM of the ``programs`` (the ones
+    expected to have rows) on an SM. One split off the GPU and below MIN_SPLIT_PREFIX keys. From shapes
+    only, so a captured CUDA graph replays the same launch."""
     if device.type != "cuda" or interpreting() or P < MIN_SPLIT_PREFIX:
         return 1
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     tiles = triton.cdiv(P, block_p)
-    most = max(1, min(tiles, MAX_PREFIX_SPLITS, sms // max(programs, 1)))
-    return min(range(1, most + 1),
-               key=lambda s: SPLIT_TILE_US * triton.cdiv(tiles, s) + SPLIT_MERGE_US * (s - 1))
+    most = max(1, min(tiles, MAX_PREFIX_SPLITS, PROGRAMS_PER_SM * sms // max(programs, 1)))
+    merge_us = max(SPLIT_MERGE_US, SPLIT_MERGE_US_PER_ROW_HEAD * row_heads)
+    return min((s for s in SPLIT_CHOICES if s <= most),
+               key=lambda s: SPLIT_TILE_US * triton.cdiv(tiles, s) + merge_us * (s - 1))
 
 
 def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.Tensor, scale: float,
@@ -231,7 +245,8 @@ def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.T
     """q [R,Hq,D] (strided ok, last dim contiguous); k_pre, v_pre [Hkv,P,D] (strided views ok).
     Returns S states over consecutive key ranges of the prefix: (o [S,R,Hq,D] float32, lse [S,R,Hq]
     float32, natural log); merged (attention_ref.merge_states) they are the attention over the whole
-    prefix. ``splits``: S (None: ``prefix_splits``). With `count` (int64 0-d device tensor), rows >=
+    prefix. ``splits``: S (None: ``prefix_splits``, which with a ``count`` assumes FOLDED_ROWS_GUESS
+    of the rows compute). With `count` (int64 0-d device tensor), rows >=
     count are skipped (their outputs are unspecified). ``config``: (BLOCK_M, BLOCK_P, num_warps,
     num_stages) instead of the shape-based default (for the benchmark's sweep,
     ``bench/kernels/bench_attention.py --sweep``). ``row_tiles_outer=False``: the launch order of
@@ -247,7 +262,8 @@ def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.T
     BLOCK_M, BLOCK_P, num_warps, num_stages = (_prefix_config(R * G, D) if config is None
                                                 else _check_prefix_config(config))
     if splits is None:
-        splits = prefix_splits(triton.cdiv(R * G, BLOCK_M) * Hkv, P, BLOCK_P, q.device)
+        working = R if count is None else math.ceil(FOLDED_ROWS_GUESS * R)
+        splits = prefix_splits(triton.cdiv(working * G, BLOCK_M) * Hkv, P, BLOCK_P, q.device, R * Hq)
     if not isinstance(splits, int) or splits < 1:
         raise ValueError(f"splits: expected an int >= 1, got {splits!r}")
     o = _common.empty((splits, R, Hq, D), torch.float32, q.device)

@@ -236,8 +236,9 @@ def test_prefix_splits_rejects_bad_counts():
 
 def test_prefix_split_count_rule(monkeypatch):
     """The split count (host side, from shapes): one split below MIN_SPLIT_PREFIX keys or off the GPU;
-    otherwise never more programs than SMs, never more splits than key tiles or MAX_PREFIX_SPLITS, and
-    more programs never get more splits."""
+    otherwise at most PROGRAMS_PER_SM working programs an SM, never more splits than key tiles or
+    MAX_PREFIX_SPLITS, a count from SPLIT_CHOICES, and neither more programs nor a dearer merge (more
+    rows x heads) ever gets more splits."""
     import types
 
     from specfold_compile.kernels import attention as A
@@ -250,9 +251,13 @@ def test_prefix_split_count_rule(monkeypatch):
         assert A.prefix_splits(6, P, 64, gpu) == 1
     assert A.prefix_splits(6, 2048, 64, gpu) > 1  # few programs, long prefix: split
     for P in (1024, 2048, 4096, 8192, 32768):
-        last = A.MAX_PREFIX_SPLITS
-        for programs in (1, 2, 6, 16, 30, 54, 66, 132, 133, 500):
-            s = A.prefix_splits(programs, P, 64, gpu)
-            assert 1 <= s <= min(A.MAX_PREFIX_SPLITS, -(-P // 64)) and s <= last
-            assert s == 1 or programs * s <= 132
-            last = s
+        for row_heads in (0, 384, 6528, 15232, 29568):
+            last = A.MAX_PREFIX_SPLITS
+            for programs in (1, 2, 6, 16, 30, 54, 66, 132, 133, 264, 265, 500):
+                s = A.prefix_splits(programs, P, 64, gpu, row_heads)
+                assert s in A.SPLIT_CHOICES and s <= min(A.MAX_PREFIX_SPLITS, -(-P // 64)) and s <= last
+                assert s == 1 or programs * s <= A.PROGRAMS_PER_SM * 132
+                last = s
+        for programs in (6, 30, 72):
+            splits = [A.prefix_splits(programs, P, 64, gpu, rh) for rh in (0, 6528, 15232, 29568, 10**6)]
+            assert splits == sorted(splits, reverse=True), splits
