@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|kernels_linear|gate_flags|min_spill [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|kernels_linear|gate_flags|min_spill [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -46,6 +46,14 @@ case "$part" in
                   # (~400 timings a model, ~4 min; one model per call or per GPU: --models fastdllm-1.5b)
                   python bench/kernels/bench_attention.py --sweep --ns 1,5,17,33 --out "$OUT/bench_attention_sweep.json" \
                     "${extra[@]}" 2>&1 | grep --line-buffered "^best" | tee -a "$OUT/log.txt" ;;
+  split_sweep)    # the prefix split count: prefix + block kernels at every S of SPLITS, all rows and 19% computed,
+                  # against prefix_splits' pick (~6 min, both shapes)
+                  python bench/kernels/bench_attention.py --split-sweep --prefixes 1024,2048,4096 --ns 1,5,9,17,33 \
+                    --out "$OUT/bench_attention_split_sweep.json" "${extra[@]}" 2>&1 | grep --line-buffered "^split" \
+                    | tee -a "$OUT/log.txt" ;;
+  per_check_2048) # what the split count does to a forward: prefix 2048 only, no dense Inductor (~2 min a shape;
+                  # session 9: bash bench/gpu_session.sh per_check_2048 --models NAME)
+                  run --suite per_check --prefixes 2048 --ns 1,5,9,17,33 --ratios 0.1,0.25,0.5 --no-inductor --budget 280 ;;
   kernels_linear) for m in fastdllm-7b fastdllm-1.5b; do  # ~200 s a model (autotuning + 4 timings a point)
                     python bench/kernels/bench_packed_linear.py --models $m --out "$OUT/bench_packed_linear_$m.json" \
                       2>&1 | grep "layer=all" | tee -a "$OUT/log.txt"
