@@ -46,7 +46,7 @@ case "$part" in
                   # (~400 timings a model, ~4 min; one model per call or per GPU: --models fastdllm-1.5b)
                   python bench/kernels/bench_attention.py --sweep --ns 1,5,17,33 --out "$OUT/bench_attention_sweep.json" \
                     "${extra[@]}" 2>&1 | grep --line-buffered "^best" | tee -a "$OUT/log.txt" ;;
-  split_sweep)    # the prefix split count: prefix + block kernels at every S of SPLITS, all rows and 19% computed,
+  split_sweep)    # the prefix split count: prefix + block kernels at every S of SPLIT_CHOICES, all rows and 19% computed,
                   # against prefix_splits' pick (~6 min, both shapes)
                   python bench/kernels/bench_attention.py --split-sweep --prefixes 1024,2048,4096 --ns 1,5,9,17,33 \
                     --out "$OUT/bench_attention_split_sweep.json" "${extra[@]}" 2>&1 | grep --line-buffered "^split" \

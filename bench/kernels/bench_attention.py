@@ -20,7 +20,7 @@ import _common as C  # noqa: E402
 import torch  # noqa: E402
 
 from specfold_compile.kernels.attention import (  # noqa: E402
-    block_attention, branch_attention, prefix_attention, prefix_attention_states,
+    SPLIT_CHOICES, block_attention, branch_attention, prefix_attention, prefix_attention_states,
 )
 from specfold_compile.kernels.attention_ref import (  # noqa: E402
     block_attention_ref, branch_attention_ref, merge_split_states, prefix_attention_ref,
@@ -75,9 +75,6 @@ def sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
     return rows
 
 
-SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
-
-
 def split_sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
     rows = []
     for mname, m, scale, P, k_pre, v_pre in prefix_problems(models, prefixes, dev, dt):
@@ -95,7 +92,7 @@ def split_sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
                 default = prefix_attention_states(q, k_pre, v_pre, scale, count)[0].shape[0]
                 point = dict(model=mname, P=P, N=N, rows=R, computed=computed, default_splits=default)
                 mine = []
-                for S in (SPLITS[:2] if args.quick else SPLITS):
+                for S in (SPLIT_CHOICES[:2] if args.quick else SPLIT_CHOICES):
                     o_s, lse_s = prefix_attention_states(q, k_pre, v_pre, scale, count, splits=S)
                     out = block_attention(q, k, v, slot, o_s, lse_s, scale)
                     err = C.rel_err(out.reshape(R, hq, d)[:computed], ref.reshape(R, hq, d)[:computed])
@@ -117,7 +114,7 @@ def main(argv=None):
     def extra(ap):
         ap.add_argument("--sweep", action="store_true", help="time the prefix kernel over a grid of tile configs")
         ap.add_argument("--split-sweep", action="store_true",
-                        help="time prefix + block kernels at every split count of SPLITS")
+                        help="time prefix + block kernels at every split count the rule can pick")
     args = C.parse_args(argv, __doc__, extra=extra)
     models, block, prefixes, ns = C.configs(args)
     if args.split_sweep:
