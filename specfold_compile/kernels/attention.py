@@ -206,9 +206,9 @@ SPLIT_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 # FOLDED_ROWS_GUESS, to session 9's ``--split-sweep``: 60 points of 1.5B / 7B, prefix 1024-4096,
 # N = 1-33, all rows or 19% computed; the rule's pick is 1.02x the best split count on average, 1.10x at
 # worst, against 1.17x / 2.18x for session 6's rule of one working program per SM). Up to
-# PROGRAMS_PER_SM working programs share an SM. A folded call (a device-side count) computes ~0.16-0.19
-# of its rows in the task suite and the benchmarks, so its working programs are estimated from
-# FOLDED_ROWS_GUESS of the rows. At 512 keys splitting lost at every N measured (session 6; N = 1:
+# PROGRAMS_PER_SM working programs share an SM. A folded call (a device-side count) recomputes 16-25% of
+# its draft rows in the task suite at tau = 0.1, and every row of the main block (N = 17, r = 0.19: 129 of
+# 544 rows), so its working programs are estimated from FOLDED_ROWS_GUESS of the rows. At 512 keys splitting lost at every N measured (session 6; N = 1:
 # 18 -> 22 us for both kernels), so shorter prefixes than MIN_SPLIT_PREFIX never split.
 SPLIT_TILE_US = 1.0
 SPLIT_MERGE_US = 2.5
