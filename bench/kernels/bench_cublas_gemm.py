@@ -61,13 +61,19 @@ def time_pass(one_pass, calls: int) -> float:
     return 1e3 * sorted(times)[len(times) // 2] / calls
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="bench_cublas_gemm.json")
+def gpu_args(name: str, doc: str) -> argparse.Namespace:
+    """The cuBLAS benchmarks' options (--out, --models); stops with a message naming ``name`` without CUDA."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--out", default=f"{name}.json")
     ap.add_argument("--models", type=lambda v: tuple(v.split(",")), default=MODELS)
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("bench_cublas_gemm: needs a CUDA GPU (it times cuBLAS)")
+        raise SystemExit(f"{name}: needs a CUDA GPU (it times cuBLAS)")
+    return args
+
+
+def main() -> None:
+    args = gpu_args("bench_cublas_gemm", __doc__)
     rows = []
     for name in args.models:
         for wname, (m, k) in weight_shapes(preset(name)).items():

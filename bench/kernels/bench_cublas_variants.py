@@ -10,7 +10,6 @@ Rows: {"model", "weight", "M", "<variant>_<library>": microseconds per GEMM, ...
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -18,7 +17,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_cublas_gemm import MODELS, cold_weights, time_pass, weight_shapes  # noqa: E402
+from bench_cublas_gemm import cold_weights, gpu_args, time_pass, weight_shapes  # noqa: E402
 
 from specfold_compile.models.config import preset  # noqa: E402
 
@@ -27,12 +26,7 @@ ROWS = (64, 96, 128, 192, 256)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="bench_cublas_variants.json")
-    ap.add_argument("--models", type=lambda v: tuple(v.split(",")), default=MODELS)
-    args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_cublas_variants: needs a CUDA GPU (it times cuBLAS)")
+    args = gpu_args("bench_cublas_variants", __doc__)
     rows = []
     for name in args.models:
         for wname, (m, k) in weight_shapes(preset(name)).items():
