@@ -195,8 +195,8 @@ def _check_prefix_config(config) -> tuple[int, int, int, int]:
     return config
 
 
-MAX_PREFIX_SPLITS = 16
 SPLIT_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
+MAX_PREFIX_SPLITS = SPLIT_CHOICES[-1]
 # The split count's cost model, from the H200 kernel benchmarks (bench/kernels/bench_attention.py):
 # walking the prefix costs ~1.0 us a 64-key tile in a program (session 6: 36 us for 2048 keys at N = 1),
 # and every split beyond the first costs the block kernel's merge ~1.6 us, more once the rows x query
@@ -208,8 +208,9 @@ SPLIT_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 # worst, against 1.17x / 2.18x for session 6's rule of one working program per SM). Up to
 # PROGRAMS_PER_SM working programs share an SM. A folded call (a device-side count) recomputes 16-25% of
 # its draft rows in the task suite at tau = 0.1, and every row of the main block (N = 17, r = 0.19: 129 of
-# 544 rows), so its working programs are estimated from FOLDED_ROWS_GUESS of the rows. At 512 keys splitting lost at every N measured (session 6; N = 1:
-# 18 -> 22 us for both kernels), so shorter prefixes than MIN_SPLIT_PREFIX never split.
+# 544 rows), so its working programs are estimated from FOLDED_ROWS_GUESS of the rows. At 512 keys
+# splitting lost at every N measured (session 6; N = 1: 18 -> 22 us for both kernels), so shorter
+# prefixes than MIN_SPLIT_PREFIX never split.
 SPLIT_TILE_US = 1.0
 SPLIT_MERGE_US = 2.5
 SPLIT_MERGE_US_PER_ROW_HEAD = 0.45e-3
