@@ -229,7 +229,9 @@ def suite_per_check(args) -> list[dict]:
                     print("per_check: time budget reached, stopping", flush=True)
                     return rows
                 base = {"model": name, "prefix": prefix, "n_branches": n_rows,
-                        **({} if args.fuse_projections else {"fused_projections": False})}
+                        **({} if args.fuse_projections else {"fused_projections": False}),
+                        **({} if args.one_pass_max_prefix is None
+                           else {"one_pass_max_prefix": args.one_pass_max_prefix})}
                 tokens, parents = _inputs(model, n_rows, 4, n_rows, cache)
                 try:
                     with torch.no_grad():
@@ -611,6 +613,9 @@ def main(argv=None) -> int:
                     help="check / per_check / writes / memory / breakdown: models with q/k/v and gate/up as "
                          "separate GEMMs (the models' default fuses them); per_check rows get "
                          "fused_projections=false")
+    ap.add_argument("--one-pass-max-prefix", type=int, default=None,
+                    help="attention in one launch up to this many prefix keys (kernels.attention.ONE_PASS_MAX_PREFIX; "
+                         "-1 = always prefix states + block merge, the ablation); per_check rows get the value")
     ap.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes on the CPU, to test the suites")
     ap.add_argument("--models", type=lambda v: tuple(v.split(",")), default=None,
                     help=f"per_check / breakdown / writes: comma-separated subset of {','.join(MODELS)}")
@@ -645,6 +650,12 @@ def main(argv=None) -> int:
     elif not torch.cuda.is_available():
         print("bench.run needs a CUDA device", file=sys.stderr)
         return 2
+    if args.one_pass_max_prefix is not None:
+        if args.one_pass_max_prefix < -1:
+            ap.error(f"--one-pass-max-prefix: expected a prefix length >= -1, got {args.one_pass_max_prefix}")
+        from specfold_compile.kernels import attention
+
+        attention.ONE_PASS_MAX_PREFIX = args.one_pass_max_prefix
     out = out_dir("/tmp/specfold-bench-dry" if args.cpu_dry_run else "bench/results")
     print(versions(), flush=True)
     status = 0

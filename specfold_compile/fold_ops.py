@@ -120,13 +120,13 @@ def folded_attention(q_p: Tensor, k_p: Tensor, v_p: Tensor, k_pre: Tensor, v_pre
     """Packed q/k/v [R, 1, H, D] -> attention output [N, B, Hq, D] for every row.
 
     The prefix state (o, lse) is computed once per computed row; each (n, b) merges the prefix state of
-    its origin with its attention over its own branch's block keys (read through ``slot``).
+    its origin with its attention over its own branch's block keys (read through ``slot``). The Triton
+    path does exactly that except for short prefixes and few rows (``kernels.slot_attention``), where one
+    launch walks the prefix again for every row: the same values, cheaper there than two launches.
     """
     q, k, v = q_p.squeeze(1), k_p.squeeze(1), v_p.squeeze(1)
     if impl == "triton":
-        kernels = _kernels()
-        o_pre, lse_pre = kernels.prefix_attention_states(q, k_pre, v_pre, scale, count)
-        return kernels.block_attention(q, k, v, slot, o_pre, lse_pre, scale)
+        return _kernels().slot_attention(q, k, v, slot, k_pre, v_pre, scale, count)
     n_computed = int(count)  # the reference may read the count; the Triton path never does
     o_pre, lse_pre = prefix_attention_ref(q[:n_computed], k_pre, v_pre, scale)
     pad = q.shape[0] - n_computed

@@ -7,7 +7,12 @@ against the reference.
 of a small grid against the shape-based default, with all rows computed and with 19% of them (a
 folded call's count), and print the best per point; rows "prefix_attention_sweep" (launch order of the
 current kernel, row tiles outermost) and "prefix_attention_sweep_old" (sessions 1-7's default config and
-launch order, row tiles fastest)."""
+launch order, row tiles fastest).
+
+``--one-pass-sweep``: instead, time one_pass_attention (the block kernel walking the prefix itself, one
+launch) at every config of a small grid against the two launches it replaces (prefix states + block merge,
+with every row computed as in the plain graph and with 19% as in a folded call), and print the best per
+point; rows "one_pass_sweep" and "two_kernels"."""
 from __future__ import annotations
 
 import math
@@ -20,7 +25,8 @@ import _common as C  # noqa: E402
 import torch  # noqa: E402
 
 from specfold_compile.kernels.attention import (  # noqa: E402
-    SPLIT_CHOICES, block_attention, branch_attention, prefix_attention, prefix_attention_states,
+    SPLIT_CHOICES, _one_pass_config, block_attention, branch_attention, one_pass_attention, prefix_attention,
+    prefix_attention_states,
 )
 from specfold_compile.kernels.attention_ref import (  # noqa: E402
     block_attention_ref, branch_attention_ref, merge_split_states, prefix_attention_ref,
@@ -29,7 +35,9 @@ from specfold_compile.kernels.attention_ref import (  # noqa: E402
 
 SWEEP = [(bm, bp, w, st) for bm in (32, 64, 128) for bp in (64, 128)
          for w, st in ((4, 2), (4, 3), (8, 2), (8, 3))]
-OLD_DEFAULT = (64, 64, 4, 2)  # sessions 1-7 at these shapes (rows * group <= 64 * 132)
+OLD_DEFAULT = (64, 64, 4, 2)
+ONE_PASS_SWEEP = [(bm, bp, w, st) for bm in (16, 32, 64, 128) for bp in (32, 64)
+                  for w, st in ((4, 2), (4, 3), (8, 2))]  # sessions 1-7 at these shapes (rows * group <= 64 * 132)
 
 
 def prefix_problems(models, prefixes, dev, dt):
@@ -40,6 +48,17 @@ def prefix_problems(models, prefixes, dev, dt):
         for P in prefixes:
             cache = torch.randn(2, m["hkv"], P + 64, m["d"], device=dev).to(dt)
             yield mname, m, scale, P, cache[0, :, :P], cache[1, :, :P]
+
+
+def block_problem(m, N, block, scale, k_pre, v_pre, dev, dt):
+    """Every row of N branches computed (identity slots): (R, q, k, v, slot, the reference output)."""
+    R = N * block
+    q = torch.randn(R, m["hq"], m["d"], device=dev).to(dt)
+    k = torch.randn(R, m["hkv"], m["d"], device=dev).to(dt)
+    v = torch.randn(R, m["hkv"], m["d"], device=dev).to(dt)
+    slot = torch.arange(R, device=dev).view(N, block)
+    ref = block_attention_ref(q, k, v, slot, *prefix_attention_ref(q, k_pre, v_pre, scale), scale)
+    return R, q, k, v, slot, ref
 
 
 def sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
@@ -78,15 +97,9 @@ def sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
 def split_sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
     rows = []
     for mname, m, scale, P, k_pre, v_pre in prefix_problems(models, prefixes, dev, dt):
-        hq, hkv, d = m["hq"], m["hkv"], m["d"]
+        hq, d = m["hq"], m["d"]
         for N in ns:
-            R = N * block
-            q = torch.randn(R, hq, d, device=dev).to(dt)
-            k = torch.randn(R, hkv, d, device=dev).to(dt)
-            v = torch.randn(R, hkv, d, device=dev).to(dt)
-            slot = torch.arange(R, device=dev).view(N, block)
-            ro, rl = prefix_attention_ref(q, k_pre, v_pre, scale)
-            ref = block_attention_ref(q, k, v, slot, ro, rl, scale)
+            R, q, k, v, slot, ref = block_problem(m, N, block, scale, k_pre, v_pre, dev, dt)
             for computed in sorted({R, max(1, round(0.19 * R))}):
                 count = torch.tensor(computed, device=dev)
                 default = prefix_attention_states(q, k_pre, v_pre, scale, count)[0].shape[0]
@@ -110,16 +123,56 @@ def split_sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
     return rows
 
 
+def one_pass_sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
+    rows = []
+    for mname, m, scale, P, k_pre, v_pre in prefix_problems(models, prefixes, dev, dt):
+        hq, d = m["hq"], m["d"]
+        for N in ns:
+            R, q, k, v, slot, ref = block_problem(m, N, block, scale, k_pre, v_pre, dev, dt)
+            point = dict(model=mname, P=P, N=N, rows=R, default_config=list(_one_pass_config()))
+            mine = []
+            for computed in sorted({R, max(1, round(0.19 * R))}):
+                count = torch.tensor(computed, device=dev)
+
+                def two(count=count):
+                    o_s, lse_s = prefix_attention_states(q, k_pre, v_pre, scale, count)
+                    return block_attention(q, k, v, slot, o_s, lse_s, scale)
+                err = C.rel_err(two().reshape(R, hq, d)[:computed], ref.reshape(R, hq, d)[:computed])
+                mine.append(dict(point, kernel="two_kernels", computed=computed, ms=C.bench(two, args.quick),
+                                 max_rel_err=err))
+            for cfg in [None] + (ONE_PASS_SWEEP[:2] if args.quick else ONE_PASS_SWEEP):
+                run = lambda cfg=cfg: one_pass_attention(q, k, v, slot, k_pre, v_pre, scale, config=cfg)  # noqa: E731
+                try:
+                    err = C.rel_err(run(), ref)
+                except Exception as exc:  # e.g. triton's OutOfResources: the tiles do not fit shared memory
+                    print(f"config {cfg}: {type(exc).__name__}", file=sys.stderr)
+                    continue
+                mine.append(dict(point, kernel="one_pass_sweep", config=None if cfg is None else list(cfg),
+                                 ms=C.bench(run, args.quick), max_rel_err=err))
+            rows += mine
+            best = min((r for r in mine if r["kernel"] == "one_pass_sweep"), key=lambda r: r["ms"])
+            default = [r["ms"] for r in mine if r["kernel"] == "one_pass_sweep" and r["config"] is None][0]
+            two_ms = " / ".join(f"{r['ms'] * 1e3:.1f}" for r in mine if r["kernel"] == "two_kernels")
+            print(f"one_pass {mname} P={P} N={N}: default {default * 1e3:.1f} us, best {best['config']} "
+                  f"{best['ms'] * 1e3:.1f} us; two kernels (19% / all rows) {two_ms} us", file=sys.stderr, flush=True)
+    return rows
+
+
 def main(argv=None):
     def extra(ap):
         ap.add_argument("--sweep", action="store_true", help="time the prefix kernel over a grid of tile configs")
         ap.add_argument("--split-sweep", action="store_true",
                         help="time prefix + block kernels at every split count the rule can pick")
+        ap.add_argument("--one-pass-sweep", action="store_true",
+                        help="time one-pass attention over a grid of tile configs against the two kernels")
     args = C.parse_args(argv, __doc__, extra=extra)
     models, block, prefixes, ns = C.configs(args)
     if args.split_sweep:
         return C.emit("attention_split_sweep", split_sweep(args, models, block, prefixes, ns, C.device(),
                                                            torch.bfloat16), args)
+    if args.one_pass_sweep:
+        return C.emit("attention_one_pass_sweep", one_pass_sweep(args, models, block, prefixes, ns, C.device(),
+                                                                 torch.bfloat16), args)
     if args.sweep:
         return C.emit("attention_sweep", sweep(args, models, block, prefixes, ns, C.device(), torch.bfloat16), args)
     dev = C.device()
@@ -164,6 +217,14 @@ def main(argv=None):
             ms_b = C.bench(lambda: block_attention(q, k, v, slot, o_s, lse_s, scale), args.quick)
             rows.append(dict(model=mname, kernel="block_attention_split_states", P=P, N=N, rows=R, ms=ms_b,
                              **fl_b, frac_of_floor=fl_b["floor_ms"] / ms_b, max_rel_err=err_b, splits=splits))
+
+            oo = one_pass_attention(q, k, v, slot, k_pre, v_pre, scale)
+            err_o = C.rel_err(oo, block_attention_ref(q, k, v, slot, ro, rl, scale))
+            ms_o = C.bench(lambda: one_pass_attention(q, k, v, slot, k_pre, v_pre, scale), args.quick)
+            fl_o = C.floor_ms(2 * hkv * P * d * 2 + R * hq * d * 2 * 2 + 2 * R * hkv * d * 2,
+                              4.0 * R * hq * (P + block) * d)
+            rows.append(dict(model=mname, kernel="one_pass_attention", P=P, N=N, rows=R, ms=ms_o, **fl_o,
+                             frac_of_floor=fl_o["floor_ms"] / ms_o, max_rel_err=err_o))
 
             o = branch_attention(q4, k4, v4, k_pre, v_pre, scale)
             err = C.rel_err(o, branch_attention_ref(q4, k4, v4, k_pre, v_pre, scale))

@@ -17,8 +17,8 @@ import torch  # noqa: E402
 
 from specfold_compile.kernels import (  # noqa: E402
     block_attention, block_attention_ref, branch_attention, branch_attention_ref, fold_gate,
-    fold_gate_ref, merge_split_states, packed_linear, packed_linear_ref, prefix_attention, prefix_attention_ref,
-    prefix_attention_states, resolve_folds, resolve_folds_ref, silu_mul, silu_mul_ref,
+    fold_gate_ref, merge_split_states, one_pass_attention, packed_linear, packed_linear_ref, prefix_attention,
+    prefix_attention_ref, prefix_attention_states, resolve_folds, resolve_folds_ref, silu_mul, silu_mul_ref,
 )
 from bench_gate import make_problem  # noqa: E402
 
@@ -71,6 +71,7 @@ def main(argv=None):
         record(mname, "prefix_attention_states.o", C.rel_err(o_m, ro[:c]))
         record(mname, "prefix_attention_states.lse", C.rel_err(lse_m, rl[:c]))
         record(mname, "block_attention(split states)", C.rel_err(block_attention(q, k, v, slot, o_s, lse_s, scale), rb))
+        record(mname, "one_pass_attention", C.rel_err(one_pass_attention(q, k, v, slot, k_pre, v_pre, scale), rb))
         q4 = torch.randn(N, block, hq, d, device=dev).to(dt)
         k4 = torch.randn(N, block, hkv, d, device=dev).to(dt)
         v4 = torch.randn(N, block, hkv, d, device=dev).to(dt)

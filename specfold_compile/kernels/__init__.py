@@ -28,7 +28,10 @@ except Exception as exc:  # ImportError, or a broken install
     _TRITON_IMPORT_ERROR = exc
 
 if _TRITON_IMPORT_ERROR is None:
-    from .attention import block_attention, branch_attention, prefix_attention, prefix_attention_states
+    from .attention import (
+        block_attention, branch_attention, one_pass_attention, prefix_attention, prefix_attention_states,
+        slot_attention,
+    )
     from .gate import fold_gate, fold_gate_from_flags, resolve_folds
     from .packed_linear import packed_linear
     from .swiglu import silu_mul
@@ -46,6 +49,8 @@ else:
     prefix_attention_states = _missing("prefix_attention_states")
     block_attention = _missing("block_attention")
     branch_attention = _missing("branch_attention")
+    one_pass_attention = _missing("one_pass_attention")
+    slot_attention = _missing("slot_attention")
     packed_linear = _missing("packed_linear")
     silu_mul = _missing("silu_mul")
 
@@ -68,7 +73,8 @@ def triton_available() -> bool:
 __all__ = [
     "triton_available",
     "fold_gate", "fold_gate_from_flags", "resolve_folds", "fold_gate_ref", "fold_flags_ref", "resolve_folds_ref",
-    "prefix_attention", "prefix_attention_states", "block_attention", "branch_attention",
+    "prefix_attention", "prefix_attention_states", "block_attention", "branch_attention", "one_pass_attention",
+    "slot_attention",
     "prefix_attention_ref", "block_attention_ref", "branch_attention_ref", "merge_states", "merge_split_states",
     "packed_linear", "packed_linear_ref", "silu_mul", "silu_mul_ref",
 ]

@@ -28,6 +28,33 @@ from ._common import dot_precision, expect, interpreting, tl_dtype
 
 
 @triton.jit
+def _walk_prefix(q_dot, k_base, v_base, stride_kp, stride_vp, p_lo, p_hi, scale, dd, dmask,
+                 BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, DOT_T: tl.constexpr,
+                 PREC: tl.constexpr):
+    """Online softmax of the query tile over keys [p_lo, p_hi) of one kv head: (running max, running
+    sum, unnormalised output), all float32. Every tile has a valid key, so the running max stays finite
+    after the first tile (no exp(-inf - -inf))."""
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for p0 in range(p_lo, p_hi, BLOCK_P):
+        pp = p0 + tl.arange(0, BLOCK_P)
+        pmask = pp < p_hi
+        kv_mask = pmask[:, None] & dmask[None, :]
+        k = tl.load(k_base + pp[:, None].to(tl.int64) * stride_kp + dd[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        s = tl.dot(q_dot, tl.trans(k.to(DOT_T)), input_precision=PREC) * scale
+        s = tl.where(pmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + pp[:, None].to(tl.int64) * stride_vp + dd[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_T), v.to(DOT_T), input_precision=PREC)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _prefix_attn_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, count_ptr, scale,
     R, P, CHUNK, M_TILES, HKV, SPLITS,
@@ -70,25 +97,8 @@ def _prefix_attn_kernel(
     q = tl.load(q_ptr + row64[:, None] * stride_qr + head[:, None] * stride_qh + dd[None, :],
                 mask=mvalid[:, None] & dmask[None, :], other=0.0).to(tl.float32)
     q_dot = q.to(DOT_T)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    k_base = k_ptr + kvh * stride_kh
-    v_base = v_ptr + kvh * stride_vh
-    for p0 in range(p_lo, p_hi, BLOCK_P):
-        pp = p0 + tl.arange(0, BLOCK_P)
-        pmask = pp < p_hi
-        kv_mask = pmask[:, None] & dmask[None, :]
-        k = tl.load(k_base + pp[:, None].to(tl.int64) * stride_kp + dd[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        s = tl.dot(q_dot, tl.trans(k.to(DOT_T)), input_precision=PREC) * scale
-        s = tl.where(pmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + pp[:, None].to(tl.int64) * stride_vp + dd[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_T), v.to(DOT_T), input_precision=PREC)
-        m_i = m_new
+    m_i, l_i, acc = _walk_prefix(q_dot, k_ptr + kvh * stride_kh, v_ptr + kvh * stride_vh, stride_kp, stride_vp,
+                                 p_lo, p_hi, scale, dd, dmask, BLOCK_M, BLOCK_P, BLOCK_D, DOT_T, PREC)
     has = l_i > 0.0
     o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
     lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
@@ -100,18 +110,24 @@ def _prefix_attn_kernel(
 
 @triton.jit
 def _block_attn_kernel(
-    q_ptr, k_ptr, v_ptr, slot_ptr, opre_ptr, lsepre_ptr, out_ptr, scale,
-    B, N_MT, S,
+    q_ptr, k_ptr, v_ptr, slot_ptr, opre_ptr, lsepre_ptr, kpre_ptr, vpre_ptr, out_ptr, scale,
+    B, N_MT, S, P,
     stride_qr, stride_qh,
     stride_kr, stride_kh,
     stride_vr, stride_vh,
     stride_sn,
     stride_ps, stride_pr, stride_ph,
     stride_ls, stride_lr, stride_lh,
+    stride_kph, stride_kpp,
+    stride_vph, stride_vpp,
     stride_on, stride_ob, stride_oh,
-    G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, DOT_T: tl.constexpr, PREC: tl.constexpr,
+    WALK_PREFIX: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_P: tl.constexpr, DOT_T: tl.constexpr,
+    PREC: tl.constexpr,
 ):
+    # WALK_PREFIX: one pass, each (n, b) walks the P prefix keys itself (a folded row repeats its
+    # origin's walk: same query, same keys) and goes on over its branch's block in the same online
+    # softmax. Otherwise the prefix comes as S precomputed (o, lse) states of the origin row, merged in.
     pid = tl.program_id(0)
     kvh = tl.program_id(1).to(tl.int64)
     n = (pid // N_MT).to(tl.int64)
@@ -127,6 +143,10 @@ def _block_attn_kernel(
     qrow = tl.load(slot_ptr + n * stride_sn + b, mask=mvalid, other=0)
     q = tl.load(q_ptr + qrow[:, None] * stride_qr + head[:, None] * stride_qh + dd[None, :],
                 mask=qmask, other=0.0).to(tl.float32)
+    if WALK_PREFIX:
+        m_i, l_i, acc = _walk_prefix(q.to(DOT_T), kpre_ptr + kvh * stride_kph, vpre_ptr + kvh * stride_vph,
+                                     stride_kpp, stride_vpp, 0, P, scale, dd, dmask,
+                                     BLOCK_M, BLOCK_P, BLOCK_D, DOT_T, PREC)
     # the branch's own block: keys/values of (n, j) through the origin map
     jj = tl.arange(0, BLOCK_J)
     jmask = jj < B
@@ -136,34 +156,42 @@ def _block_attn_kernel(
     v = tl.load(v_ptr + krow[:, None] * stride_vr + kvh * stride_vh + dd[None, :], mask=kv_mask, other=0.0).to(tl.float32)
     s = tl.dot(q.to(DOT_T), tl.trans(k.to(DOT_T)), input_precision=PREC) * scale
     s = tl.where(jmask[None, :], s, float("-inf"))
-    m_b = tl.max(s, axis=1)
-    m_b = tl.where(mvalid, m_b, 0.0)
-    p = tl.exp(s - m_b[:, None])
-    l_b = tl.sum(p, axis=1)
-    acc = tl.dot(p.to(DOT_T), v.to(DOT_T), input_precision=PREC)
-    l_safe = tl.where(l_b > 0.0, l_b, 1.0)
-    o_blk = acc / l_safe[:, None]
-    lse_blk = tl.where(l_b > 0.0, m_b + tl.log(l_safe), float("-inf"))
-    # merge with the S prefix states of the origin row (attention_ref.merge_states, over S + 1 states):
-    # the largest lse first, then weights, then the weighted outputs (a zero weight lets nothing through)
-    lse_base = lsepre_ptr + qrow * stride_lr + head * stride_lh
-    o_base = opre_ptr + qrow[:, None] * stride_pr + head[:, None] * stride_ph + dd[None, :]
-    m = lse_blk
-    for s in range(S):
-        lse_s = tl.load(lse_base + s * stride_ls, mask=mvalid, other=float("-inf")).to(tl.float32)
-        m = tl.maximum(m, lse_s)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w_blk = tl.exp(lse_blk - m_safe)
-    den = w_blk
-    acc_o = tl.where(w_blk[:, None] > 0.0, w_blk[:, None] * o_blk, 0.0)
-    for s in range(S):
-        lse_s = tl.load(lse_base + s * stride_ls, mask=mvalid, other=float("-inf")).to(tl.float32)
-        w_s = tl.exp(lse_s - m_safe)
-        o_s = tl.load(o_base + s * stride_ps, mask=qmask, other=0.0).to(tl.float32)
-        acc_o += tl.where(w_s[:, None] > 0.0, w_s[:, None] * o_s, 0.0)
-        den += w_s
-    ok = den > 0.0
-    o = acc_o * tl.where(ok, 1.0 / tl.where(ok, den, 1.0), 0.0)[:, None]
+    m_b = tl.max(s, axis=1)  # finite: B >= 1 keys, and rows past B have q = 0
+    if WALK_PREFIX:
+        m_new = tl.maximum(m_i, m_b)
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_T), v.to(DOT_T), input_precision=PREC)
+        o = acc / l_i[:, None]  # l_i >= 1: the row's own maximum contributes exp(0)
+    else:
+        m_b = tl.where(mvalid, m_b, 0.0)
+        p = tl.exp(s - m_b[:, None])
+        l_b = tl.sum(p, axis=1)
+        acc = tl.dot(p.to(DOT_T), v.to(DOT_T), input_precision=PREC)
+        l_safe = tl.where(l_b > 0.0, l_b, 1.0)
+        o_blk = acc / l_safe[:, None]
+        lse_blk = tl.where(l_b > 0.0, m_b + tl.log(l_safe), float("-inf"))
+        # merge with the S prefix states of the origin row (attention_ref.merge_states, over S + 1 states):
+        # the largest lse first, then weights, then the weighted outputs (a zero weight lets nothing through)
+        lse_base = lsepre_ptr + qrow * stride_lr + head * stride_lh
+        o_base = opre_ptr + qrow[:, None] * stride_pr + head[:, None] * stride_ph + dd[None, :]
+        m = lse_blk
+        for s_i in range(S):
+            lse_s = tl.load(lse_base + s_i * stride_ls, mask=mvalid, other=float("-inf")).to(tl.float32)
+            m = tl.maximum(m, lse_s)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        w_blk = tl.exp(lse_blk - m_safe)
+        den = w_blk
+        acc_o = tl.where(w_blk[:, None] > 0.0, w_blk[:, None] * o_blk, 0.0)
+        for s_i in range(S):
+            lse_s = tl.load(lse_base + s_i * stride_ls, mask=mvalid, other=float("-inf")).to(tl.float32)
+            w_s = tl.exp(lse_s - m_safe)
+            o_s = tl.load(o_base + s_i * stride_ps, mask=qmask, other=0.0).to(tl.float32)
+            acc_o += tl.where(w_s[:, None] > 0.0, w_s[:, None] * o_s, 0.0)
+            den += w_s
+        ok = den > 0.0
+        o = acc_o * tl.where(ok, 1.0 / tl.where(ok, den, 1.0), 0.0)[:, None]
     out_off = n * stride_on + b.to(tl.int64)[:, None] * stride_ob + head[:, None] * stride_oh + dd[None, :]
     tl.store(out_ptr + out_off, o.to(out_ptr.dtype.element_ty), mask=qmask)
 
@@ -182,6 +210,34 @@ def _prefix_config(M_total: int, D: int) -> tuple[int, int, int, int]:
         # N = 5 / 17, all rows or 19% computed: 8-18% faster; bench/results/h200/session8/call2)
         return 64, 64, 4, 3
     return 128, 64, 8, 2
+
+
+# Attention runs in one pass (``one_pass_attention``: the block kernel walks the prefix itself, for every
+# row, in programs of 16 query rows of one kv head) when the prefix has at most ONE_PASS_MAX_PREFIX keys
+# and the walk, rows x query heads x prefix keys, is at most ONE_PASS_MAX_WORK; otherwise a prefix kernel
+# writes states for the computed rows and the block kernel merges them (two launches and a state round
+# trip; from 1024 keys on it can split the prefix). On the H200 (``bench_attention.py
+# --one-pass-sweep``, session 10), both kernels (every row) against one pass, us: prefix 512, N = 1
+# 17.7 -> 10.3 at 1.5B and 18.0 -> 10.4 at 7B, N = 5 18.1 -> 10.7 and 18.8 -> 17.2 (7B: 160 rows x 28
+# heads x 512 keys, the bound); prefix 1024, N = 1 19.9 -> 17.4 and 20.1 -> 17.4, N = 5 20.2 -> 17.7 at
+# 1.5B but 25.4 -> 29.3 at 7B; at N = 17 one pass lost or tied at both shapes (7B, prefix 512: 29.8
+# against 24.4 with 19% of the rows computed). ONE_PASS_MAX_PREFIX = -1 turns one pass off (to bisect).
+ONE_PASS_MAX_PREFIX = 1024
+ONE_PASS_MAX_WORK = 160 * 28 * 512
+
+
+def _one_pass_config() -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_P, num_warps, num_stages) of the one-pass kernel: 16 query rows a program (the
+    best of 24 configs at every N = 1 and N = 5 point of the sweep: more programs walk the prefix)."""
+    if interpreting():
+        return 16, 16, 4, 2
+    return 16, 64, 4, 3
+
+
+def use_one_pass(rows: int, q_heads: int, prefix: int) -> bool:
+    """Whether ``slot_attention`` runs one pass for ``rows`` packed rows of ``q_heads`` query heads over
+    ``prefix`` keys (shapes only: a captured CUDA graph replays the same launches)."""
+    return prefix <= ONE_PASS_MAX_PREFIX and rows * q_heads * prefix <= ONE_PASS_MAX_WORK
 
 
 def _check_prefix_config(config) -> tuple[int, int, int, int]:
@@ -253,12 +309,10 @@ def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.T
     ``bench/kernels/bench_attention.py --sweep``). ``row_tiles_outer=False``: the launch order of
     sessions 1-7 (row tiles fastest), kept for the sweep's comparison."""
     expect(q.dim() == 3, "q", "[R, Hq, D]", tuple(q.shape))
-    expect(k_pre.dim() == 3 and k_pre.shape[-1] == q.shape[-1] and q.shape[1] % max(k_pre.shape[0], 1) == 0,
-           "k_pre", f"[Hkv, P, {q.shape[-1]}] with Hkv dividing Hq = {q.shape[1]}", tuple(k_pre.shape))
-    expect(v_pre.shape == k_pre.shape, "v_pre", f"k_pre's shape {tuple(k_pre.shape)}", tuple(v_pre.shape))
+    _check_prefix_inputs(q, k_pre, v_pre)
     R, Hq, D = q.shape
     Hkv, P, _ = k_pre.shape
-    _check_last_contig(q=q, k_pre=k_pre, v_pre=v_pre)
+    _check_last_contig(q=q)
     G = Hq // Hkv
     BLOCK_M, BLOCK_P, num_warps, num_stages = (_prefix_config(R * G, D) if config is None
                                                 else _check_prefix_config(config))
@@ -297,57 +351,117 @@ def prefix_attention(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.Tensor, 
     return o[0], lse[0]
 
 
-def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: torch.Tensor,
-                    o_pre: torch.Tensor, lse_pre: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [R,Hq,D], k,v [R,Hkv,D] (packed rows), slot int64 [N,B], prefix state o_pre [R,Hq,D] f32,
-    lse_pre [R,Hq] f32, or S split states [S,R,Hq,D] / [S,R,Hq] (``prefix_attention_states``)
-    -> o [N,B,Hq,D] in q.dtype: each (n,b) attends with q[slot[n,b]] over k/v[slot[n,0..B-1]] and
-    the result is merged with the prefix state(s) at slot[n,b]."""
+def _check_block_inputs(q, k, v, slot):
     expect(q.dim() == 3, "q", "[R, Hq, D]", tuple(q.shape))
     R, Hq, D = q.shape
     expect(k.dim() == 3 and k.shape[0] == R and k.shape[-1] == D and Hq % max(k.shape[1], 1) == 0,
            "k", f"[{R}, Hkv, {D}] with Hkv dividing Hq = {Hq}", tuple(k.shape))
     expect(v.shape == k.shape, "v", f"k's shape {tuple(k.shape)}", tuple(v.shape))
     expect(slot.dim() == 2, "slot", "[N, B]", tuple(slot.shape))
+    _check_last_contig(q=q, k=k, v=v)
+    return slot if slot.stride(-1) == 1 else slot.contiguous()
+
+
+def _launch_block_kernel(q, k, v, slot, scale, states=None, prefix=None, config=None):
+    """The block kernel over every (n, b) of ``slot``, merging S prefix ``states`` (o [S,R,Hq,D],
+    lse [S,R,Hq]) or walking the ``prefix`` keys itself ((k_pre, v_pre) [Hkv,P,D]: one pass)."""
+    R, Hq, D = q.shape
     Hkv = k.shape[1]
     N, B = slot.shape
-    if o_pre.dim() == 3:
-        o_pre, lse_pre = o_pre.unsqueeze(0), lse_pre.unsqueeze(0)
-    expect(o_pre.dim() == 4 and o_pre.shape[1:] == (R, Hq, D), "o_pre", f"[{R}, {Hq}, {D}] or [S, {R}, {Hq}, {D}]",
-           tuple(o_pre.shape))
-    expect(lse_pre.shape == o_pre.shape[:3], "lse_pre", f"{tuple(o_pre.shape)[:3]} (o_pre's leading dims)",
-           tuple(lse_pre.shape))
-    _check_last_contig(q=q, k=k, v=v, o_pre=o_pre)
-    if slot.stride(-1) != 1:
-        slot = slot.contiguous()
     G = Hq // Hkv
     out = _common.empty((N, B, Hq, D), q.dtype, q.device)
     if N == 0 or B == 0:
         return out
     BLOCK_J = max(16, triton.next_power_of_2(B))
     BLOCK_D = max(16, triton.next_power_of_2(D))
-    if interpreting():
-        BLOCK_M, num_warps = 16, 4
+    walk = prefix is not None
+    if walk:
+        BLOCK_M, BLOCK_P, num_warps, num_stages = (_one_pass_config() if config is None
+                                                    else _check_prefix_config(config))
+        k_pre, v_pre = prefix
+        o_pre = lse_pre = out  # unused
+        S, P = 0, k_pre.shape[1]
+        pre_strides = (0, 0, 0, 0, 0, 0)
     else:
-        BLOCK_M = min(128, max(16, triton.next_power_of_2(B * G)))
-        num_warps = 4 if BLOCK_M <= 64 else 8
+        BLOCK_P, num_stages = 16, 1
+        if interpreting():
+            BLOCK_M, num_warps = 16, 4
+        else:
+            BLOCK_M = min(128, max(16, triton.next_power_of_2(B * G)))
+            num_warps = 4 if BLOCK_M <= 64 else 8
+        o_pre, lse_pre = states
+        k_pre = v_pre = o_pre  # unused
+        S, P = o_pre.shape[0], 0
+        pre_strides = (o_pre.stride(0), o_pre.stride(1), o_pre.stride(2),
+                       lse_pre.stride(0), lse_pre.stride(1), lse_pre.stride(2))
     n_mt = triton.cdiv(B * G, BLOCK_M)
-    grid = (N * n_mt, Hkv)
-    _block_attn_kernel[grid](
-        q, k, v, slot, o_pre, lse_pre, out, float(scale),
-        B, n_mt, o_pre.shape[0],
+    _block_attn_kernel[(N * n_mt, Hkv)](
+        q, k, v, slot, o_pre, lse_pre, k_pre, v_pre, out, float(scale),
+        B, n_mt, S, P,
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1),
         v.stride(0), v.stride(1),
         slot.stride(0),
-        o_pre.stride(0), o_pre.stride(1), o_pre.stride(2),
-        lse_pre.stride(0), lse_pre.stride(1), lse_pre.stride(2),
+        *pre_strides,
+        k_pre.stride(0) if walk else 0, k_pre.stride(1) if walk else 0,
+        v_pre.stride(0) if walk else 0, v_pre.stride(1) if walk else 0,
         out.stride(0), out.stride(1), out.stride(2),
-        G=G, D=D, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_J=BLOCK_J,
+        WALK_PREFIX=walk, G=G, D=D, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_J=BLOCK_J, BLOCK_P=BLOCK_P,
         DOT_T=tl_dtype(q.dtype), PREC=dot_precision(q.dtype),
-        num_warps=num_warps, num_stages=1,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return out
+
+
+def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: torch.Tensor,
+                    o_pre: torch.Tensor, lse_pre: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [R,Hq,D], k,v [R,Hkv,D] (packed rows), slot int64 [N,B], prefix state o_pre [R,Hq,D] f32,
+    lse_pre [R,Hq] f32, or S split states [S,R,Hq,D] / [S,R,Hq] (``prefix_attention_states``)
+    -> o [N,B,Hq,D] in q.dtype: each (n,b) attends with q[slot[n,b]] over k/v[slot[n,0..B-1]] and
+    the result is merged with the prefix state(s) at slot[n,b]."""
+    slot = _check_block_inputs(q, k, v, slot)
+    R, Hq, D = q.shape
+    if o_pre.dim() == 3:
+        o_pre, lse_pre = o_pre.unsqueeze(0), lse_pre.unsqueeze(0)
+    expect(o_pre.dim() == 4 and o_pre.shape[1:] == (R, Hq, D), "o_pre", f"[{R}, {Hq}, {D}] or [S, {R}, {Hq}, {D}]",
+           tuple(o_pre.shape))
+    expect(lse_pre.shape == o_pre.shape[:3], "lse_pre", f"{tuple(o_pre.shape)[:3]} (o_pre's leading dims)",
+           tuple(lse_pre.shape))
+    _check_last_contig(o_pre=o_pre)
+    return _launch_block_kernel(q, k, v, slot, scale, states=(o_pre, lse_pre))
+
+
+def _check_prefix_inputs(q, k_pre, v_pre):
+    expect(k_pre.dim() == 3 and k_pre.shape[-1] == q.shape[-1] and q.shape[1] % max(k_pre.shape[0], 1) == 0,
+           "k_pre", f"[Hkv, P, {q.shape[-1]}] with Hkv dividing Hq = {q.shape[1]}", tuple(k_pre.shape))
+    expect(v_pre.shape == k_pre.shape, "v_pre", f"k_pre's shape {tuple(k_pre.shape)}", tuple(v_pre.shape))
+    _check_last_contig(k_pre=k_pre, v_pre=v_pre)
+
+
+def one_pass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: torch.Tensor,
+                       k_pre: torch.Tensor, v_pre: torch.Tensor, scale: float,
+                       config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """As ``block_attention`` fed ``prefix_attention_states``, in one launch and without states: each
+    (n,b) attends with q[slot[n,b]] over the shared prefix k_pre, v_pre [Hkv,P,D] and then over
+    k/v[slot[n,0..B-1]] in one online softmax. A folded row walks the prefix again (its origin's query),
+    so this pays only for short prefixes and few rows (``use_one_pass``). ``config``: (BLOCK_M, BLOCK_P,
+    num_warps, num_stages) instead of ``_one_pass_config`` (the benchmark's sweep)."""
+    slot = _check_block_inputs(q, k, v, slot)
+    expect(k_pre.shape[0] == k.shape[1], "k_pre", f"{k.shape[1]} kv heads (k's)", tuple(k_pre.shape))
+    _check_prefix_inputs(q, k_pre, v_pre)
+    return _launch_block_kernel(q, k, v, slot, scale, prefix=(k_pre, v_pre), config=config)
+
+
+def slot_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: torch.Tensor, k_pre: torch.Tensor,
+                   v_pre: torch.Tensor, scale: float, count: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of every (n,b) with q[slot[n,b]] over the prefix and k/v[slot[n,0..B-1]], the rows
+    below the device-side ``count`` (or all) being the ones any slot points at: one pass where
+    ``use_one_pass`` says so, else the prefix states of those rows (split along the prefix) merged by
+    the block kernel."""
+    if use_one_pass(q.shape[0], q.shape[1], k_pre.shape[1]):
+        return one_pass_attention(q, k, v, slot, k_pre, v_pre, scale)
+    o_pre, lse_pre = prefix_attention_states(q, k_pre, v_pre, scale, count)
+    return block_attention(q, k, v, slot, o_pre, lse_pre, scale)
 
 
 def branch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pre: torch.Tensor,
@@ -360,6 +474,5 @@ def branch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pre: t
     qf = q.reshape(N * B, Hq, D)
     kf = k.reshape(N * B, Hkv, D)
     vf = v.reshape(N * B, Hkv, D)
-    o_pre, lse_pre = prefix_attention_states(qf, k_pre, v_pre, scale)
     slot = torch.arange(N * B, device=q.device, dtype=torch.int64).view(N, B)
-    return block_attention(qf, kf, vf, slot, o_pre, lse_pre, scale)
+    return slot_attention(qf, kf, vf, slot, k_pre, v_pre, scale)

@@ -8,7 +8,8 @@ pytest.importorskip("triton")
 
 from specfold_compile.kernels import (  # noqa: E402
     block_attention, block_attention_ref, branch_attention, branch_attention_ref, merge_split_states, merge_states,
-    prefix_attention, prefix_attention_ref, prefix_attention_states, resolve_folds_ref,
+    one_pass_attention, prefix_attention, prefix_attention_ref, prefix_attention_states, resolve_folds_ref,
+    slot_attention,
 )
 
 from .helpers import DEVICE, DTYPES, randn, tol  # noqa: E402
@@ -80,6 +81,80 @@ def test_block_attention(N, B, Hkv, G, D, P, dtype, p_fold, seed):
     ref = block_attention_ref(q, k, v, slot, o_pre, lse_pre, scale)
     assert out.dtype == q.dtype and out.shape == (N, B, Hkv * G, D)
     torch.testing.assert_close(out.float(), ref.float(), **tol(dtype))
+
+
+@settings(**SETTINGS)
+@given(N=st.integers(1, 5), B=st.integers(1, 9), Hkv=st.integers(1, 2), G=st.sampled_from(GROUPS),
+       D=st.sampled_from([8, 16]), P=st.sampled_from([0, 1, 3, 17, 40]), dtype=st.sampled_from(DTYPES),
+       p_fold=st.sampled_from([0.0, 0.5, 1.0]),
+       config=st.sampled_from([None, (16, 16, 1, 1), (16, 32, 2, 2), (32, 16, 4, 3)]),
+       seed=st.integers(0, 2**31 - 1))
+def test_one_pass_attention(N, B, Hkv, G, D, P, dtype, p_fold, config, seed):
+    """One pass (every row walks the prefix with its origin's query, then its branch's block, in one online
+    softmax) equals the reference's prefix state merged with the block state, in any tile config."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, k_pre, v_pre, slot = _packed_problem(N, B, Hkv, G, D, P, dtype, p_fold, gen)
+    scale = 0.7 / math.sqrt(D)
+    out = one_pass_attention(q, k, v, slot, k_pre, v_pre, scale, config=config)
+    ref = block_attention_ref(q, k, v, slot, *prefix_attention_ref(q, k_pre, v_pre, scale), scale)
+    assert out.dtype == q.dtype and out.shape == (N, B, Hkv * G, D)
+    torch.testing.assert_close(out.float(), ref.float(), **tol(dtype))
+
+
+def test_slot_attention_one_pass_only_for_short_prefixes_and_few_rows(monkeypatch):
+    """slot_attention runs one pass for at most ONE_PASS_MAX_PREFIX prefix keys and a walk of at most
+    ONE_PASS_MAX_WORK rows x query heads x keys, and prefix states + block merge otherwise; every path gives the
+    reference's output, with or without a device-side count."""
+    from specfold_compile.kernels import attention as A
+
+    calls = []
+    one_pass = A.one_pass_attention
+    monkeypatch.setattr(A, "one_pass_attention", lambda *a, **kw: calls.append("one") or one_pass(*a, **kw))
+    monkeypatch.setattr(A, "ONE_PASS_MAX_PREFIX", 20)
+    gen = torch.Generator().manual_seed(11)
+    # (max walk as a function of the packed rows R, with 6 query heads; prefix keys; one pass?)
+    for max_work, P, one in ((lambda R: 10**9, 0, True), (lambda R: 10**9, 20, True), (lambda R: 10**9, 21, False),
+                             (lambda R: 10**9, 33, False), (lambda R: 1, 0, True), (lambda R: 1, 20, False),
+                             (lambda R: R * 6 * 20, 20, True), (lambda R: R * 6 * 20 - 1, 20, False)):
+        q, k, v, k_pre, v_pre, slot = _packed_problem(3, 6, 2, 3, 16, P, torch.float32, 0.5, gen)
+        monkeypatch.setattr(A, "ONE_PASS_MAX_WORK", max_work(q.shape[0]))
+        ref = block_attention_ref(q, k, v, slot, *prefix_attention_ref(q, k_pre, v_pre, 0.3), 0.3)
+        for count in (None, torch.tensor(q.shape[0] - 2, device=DEVICE)):
+            calls.clear()
+            out = slot_attention(q, k, v, slot, k_pre, v_pre, 0.3, count)
+            assert calls == (["one"] if one else []), (q.shape[0], P, calls)
+            torch.testing.assert_close(out, ref, **tol(torch.float32))
+    monkeypatch.setattr(A, "ONE_PASS_MAX_PREFIX", -1)  # the bisection switch: never one pass
+    monkeypatch.setattr(A, "ONE_PASS_MAX_WORK", 10**9)
+    q, k, v, k_pre, v_pre, slot = _packed_problem(2, 4, 1, 2, 16, 0, torch.float32, 0.5, gen)
+    calls.clear()
+    slot_attention(q, k, v, slot, k_pre, v_pre, 0.3)
+    assert calls == []
+
+
+def test_one_pass_rule_at_the_measured_shapes():
+    """The rule's picks where the H200 sweep measured both ways (rows = N * 32; 1.5B 12 query heads, 7B 28):
+    one pass at N = 1 and 5 for prefix 512, at N = 1 for 1024 and at 1.5B's N = 5 there; two kernels at
+    7B's N = 5 for 1024, at N = 17 and from 2048 keys on (split prefix)."""
+    from specfold_compile.kernels.attention import use_one_pass
+
+    for heads in (12, 28):
+        assert use_one_pass(32, heads, 512) and use_one_pass(160, heads, 512) and use_one_pass(32, heads, 1024)
+        assert not use_one_pass(544, heads, 512) and not use_one_pass(32, heads, 2048)
+    assert use_one_pass(160, 12, 1024) and not use_one_pass(160, 28, 1024)
+
+
+def test_one_pass_attention_rejects_bad_inputs():
+    gen = torch.Generator().manual_seed(12)
+    q, k, v, k_pre, v_pre, slot = _packed_problem(2, 4, 2, 2, 8, 5, torch.float32, 0.5, gen)
+    with pytest.raises(ValueError, match="k_pre"):
+        one_pass_attention(q, k, v, slot, k_pre[:1], v_pre[:1], 0.3)
+    with pytest.raises(ValueError, match="v_pre"):
+        one_pass_attention(q, k, v, slot, k_pre, v_pre[:, :3], 0.3)
+    with pytest.raises(ValueError, match="config"):
+        one_pass_attention(q, k, v, slot, k_pre, v_pre, 0.3, config=(24, 16, 4, 2))
+    with pytest.raises(ValueError, match="slot"):
+        one_pass_attention(q, k, v, slot.flatten(), k_pre, v_pre, 0.3)
 
 
 def test_block_attention_kernel_prefix_state_and_empty_prefix():

@@ -19,7 +19,8 @@ def bench_path():
 
 
 @pytest.mark.parametrize("name, flags", [("bench_gate", ()), ("bench_attention", ()),
-                                         ("bench_attention", ("--split-sweep",)), ("bench_packed_linear", ()),
+                                         ("bench_attention", ("--split-sweep",)), ("bench_attention", ("--one-pass-sweep",)),
+                                         ("bench_packed_linear", ()),
                                          ("check_all", ())])
 def test_bench_quick(name, flags, bench_path, tmp_path):
     import importlib
