@@ -1,5 +1,7 @@
 """Triton folded attention: prefix attention with (o, lse) states, block attention through the
-origin map merged with the prefix state, and dense branch attention built from the two.
+origin map merged with the prefix state, and dense branch attention built from the two. For short
+prefixes and few rows the block kernel walks the prefix itself instead (one pass, one launch, no
+states; ``use_one_pass``), which is cheaper there than two launches.
 
 The prefix part is split along the prefix (flash-decoding): a verification call has few query rows
 (32 a branch), so one program per row tile leaves most of the GPU idle while it walks the whole
@@ -381,7 +383,8 @@ def _launch_block_kernel(q, k, v, slot, scale, states=None, prefix=None, config=
         k_pre, v_pre = prefix
         o_pre = lse_pre = out  # unused
         S, P = 0, k_pre.shape[1]
-        pre_strides = (0, 0, 0, 0, 0, 0)
+        state_strides = (0, 0, 0, 0, 0, 0)
+        kv_pre_strides = (k_pre.stride(0), k_pre.stride(1), v_pre.stride(0), v_pre.stride(1))
     else:
         BLOCK_P, num_stages = 16, 1
         if interpreting():
@@ -392,8 +395,9 @@ def _launch_block_kernel(q, k, v, slot, scale, states=None, prefix=None, config=
         o_pre, lse_pre = states
         k_pre = v_pre = o_pre  # unused
         S, P = o_pre.shape[0], 0
-        pre_strides = (o_pre.stride(0), o_pre.stride(1), o_pre.stride(2),
-                       lse_pre.stride(0), lse_pre.stride(1), lse_pre.stride(2))
+        state_strides = (o_pre.stride(0), o_pre.stride(1), o_pre.stride(2),
+                         lse_pre.stride(0), lse_pre.stride(1), lse_pre.stride(2))
+        kv_pre_strides = (0, 0, 0, 0)
     n_mt = triton.cdiv(B * G, BLOCK_M)
     _block_attn_kernel[(N * n_mt, Hkv)](
         q, k, v, slot, o_pre, lse_pre, k_pre, v_pre, out, float(scale),
@@ -402,9 +406,8 @@ def _launch_block_kernel(q, k, v, slot, scale, states=None, prefix=None, config=
         k.stride(0), k.stride(1),
         v.stride(0), v.stride(1),
         slot.stride(0),
-        *pre_strides,
-        k_pre.stride(0) if walk else 0, k_pre.stride(1) if walk else 0,
-        v_pre.stride(0) if walk else 0, v_pre.stride(1) if walk else 0,
+        *state_strides,
+        *kv_pre_strides,
         out.stride(0), out.stride(1), out.stride(2),
         WALK_PREFIX=walk, G=G, D=D, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_J=BLOCK_J, BLOCK_P=BLOCK_P,
         DOT_T=tl_dtype(q.dtype), PREC=dot_precision(q.dtype),

@@ -230,10 +230,21 @@ def test_stats_single_branch(model_cache):
 # --- Triton kernels (interpreter on CPU) -----------------------------------------------------------
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy scalar conversion inside the interpreter
-@pytest.mark.parametrize("dense_fraction, min_spill_us", [(0.0, 0.0), (0.3, 0.0), (1.0, 0.0), (0.3, 2.0)],
+@pytest.mark.parametrize("dense_fraction, min_spill_us, one_pass",
+                         [(0.0, 0.0, False), (0.3, 0.0, True), (1.0, 0.0, True), (0.3, 2.0, False)],
                          ids=["triton-gemm", "split", "cublas", "split-skipped"])
-def test_triton_kernels_match_torch_kernels_and_reference(dense_fraction, min_spill_us, monkeypatch):
+def test_triton_kernels_match_torch_kernels_and_reference(dense_fraction, min_spill_us, one_pass, monkeypatch):
+    """The Triton kernels through the whole rewritten graph, packed linears in every split of cuBLAS head
+    and Triton spill, attention in one pass and as prefix states + block merge (two kernels)."""
     from specfold_compile import kernels
+    from specfold_compile.kernels import attention
+
+    if not one_pass:
+        monkeypatch.setattr(attention, "ONE_PASS_MAX_PREFIX", -1)
+    one_pass_calls = []
+    real_one_pass = attention.one_pass_attention
+    monkeypatch.setattr(attention, "one_pass_attention",
+                        lambda *a, **k: one_pass_calls.append(1) or real_one_pass(*a, **k))
 
     # tiny shapes: let the cuBLAS/Triton split of the packed linears fall inside 24 rows
     monkeypatch.setattr(fold_ops, "DENSE_LINEAR_MIN_ROWS", 0)
@@ -251,6 +262,7 @@ def test_triton_kernels_match_torch_kernels_and_reference(dense_fraction, min_sp
                                 dense_fraction=dense_fraction, min_spill_us=min_spill_us)
     # 1.0: cuBLAS on every row; min_spill_us: these tiny GEMMs cost far less than a spill launch
     assert (len(spills) == 0) == (dense_fraction == 1.0 or min_spill_us > 0)
+    assert bool(one_pass_calls) == one_pass
     assert s_k.folded_rows > 0
     assert all(torch.equal(a, b) for a, b in zip(s_t.fold_masks, s_k.fold_masks))
     assert_close(out_k, out_t, what="triton vs torch kernels")
