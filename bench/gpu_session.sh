@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass|kernels_linear|gate_flags|min_spill [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -54,12 +54,12 @@ case "$part" in
   per_check_2048) # what the split count does to a forward: prefix 2048 only, no dense Inductor (~2 min a shape;
                   # session 9: bash bench/gpu_session.sh per_check_2048 --models NAME)
                   run --suite per_check --prefixes 2048 --ns 1,5,9,17,33 --ratios 0.1,0.25,0.5 --no-inductor --budget 280 ;;
-  one_pass)       # attention in one launch for short prefixes and few rows (session 10): the kernel sweep (~5 min,
-                  # both shapes), then per_check with one pass on (the default) and off at prefix 512, N = 1, 5, 9
-                  # (~3 min a shape): bash bench/gpu_session.sh one_pass --models NAME
+  one_pass_sweep) # one-pass attention against the two kernels at 24 tile configs, both shapes (~5 min, session 10)
                   python bench/kernels/bench_attention.py --one-pass-sweep --prefixes 512,1024 --ns 1,5,9,17,33 \
-                    --out "$OUT/bench_attention_one_pass_sweep.json" 2>&1 | grep --line-buffered "^one_pass" \
-                    | tee -a "$OUT/log.txt"
+                    --out "$OUT/bench_attention_one_pass_sweep.json" "${extra[@]}" 2>&1 \
+                    | { grep --line-buffered "^one_pass" || true; } | tee -a "$OUT/log.txt" ;;
+  one_pass)       # per_check with one-pass attention on (the default) and off, prefix 512, N = 1, 5, 9 (~3 min a
+                  # shape, session 10): bash bench/gpu_session.sh one_pass --models NAME
                   for v in 1024 -1; do
                     OUT="$OUT/max_prefix_$v" python -m bench.run --suite per_check --prefixes 512 --ns 1,5,9 \
                       --ratios 0.25 --no-inductor --one-pass-max-prefix $v --budget 150 "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"

@@ -237,12 +237,13 @@ def _one_pass_config() -> tuple[int, int, int, int]:
 
 
 def use_one_pass(rows: int, q_heads: int, prefix: int) -> bool:
-    """Whether ``slot_attention`` runs one pass for ``rows`` packed rows of ``q_heads`` query heads over
-    ``prefix`` keys (shapes only: a captured CUDA graph replays the same launches)."""
+    """Whether ``slot_attention`` runs one pass for ``rows`` rows (N * B, each walking the prefix) of
+    ``q_heads`` query heads over ``prefix`` keys (shapes only: a captured CUDA graph replays the same
+    launches)."""
     return prefix <= ONE_PASS_MAX_PREFIX and rows * q_heads * prefix <= ONE_PASS_MAX_WORK
 
 
-def _check_prefix_config(config) -> tuple[int, int, int, int]:
+def _check_tile_config(config) -> tuple[int, int, int, int]:
     ok = isinstance(config, tuple) and len(config) == 4 and all(isinstance(c, int) and c >= 1 for c in config)
     if ok:
         block_m, block_p, warps, _ = config
@@ -317,7 +318,7 @@ def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.T
     _check_last_contig(q=q)
     G = Hq // Hkv
     BLOCK_M, BLOCK_P, num_warps, num_stages = (_prefix_config(R * G, D) if config is None
-                                                else _check_prefix_config(config))
+                                                else _check_tile_config(config))
     if splits is None:
         working = R if count is None else math.ceil(FOLDED_ROWS_GUESS * R)
         splits = prefix_splits(triton.cdiv(working * G, BLOCK_M) * Hkv, P, BLOCK_P, q.device, R * Hq)
@@ -359,7 +360,9 @@ def _check_block_inputs(q, k, v, slot):
     expect(k.dim() == 3 and k.shape[0] == R and k.shape[-1] == D and Hq % max(k.shape[1], 1) == 0,
            "k", f"[{R}, Hkv, {D}] with Hkv dividing Hq = {Hq}", tuple(k.shape))
     expect(v.shape == k.shape, "v", f"k's shape {tuple(k.shape)}", tuple(v.shape))
+    expect(k.dtype == q.dtype and v.dtype == q.dtype, "k, v", f"q's dtype {q.dtype}", (k.dtype, v.dtype))
     expect(slot.dim() == 2, "slot", "[N, B]", tuple(slot.shape))
+    expect(slot.dtype in (torch.int32, torch.int64), "slot", "int32 or int64 row indices", slot.dtype)
     _check_last_contig(q=q, k=k, v=v)
     return slot if slot.stride(-1) == 1 else slot.contiguous()
 
@@ -379,7 +382,7 @@ def _launch_block_kernel(q, k, v, slot, scale, states=None, prefix=None, config=
     walk = prefix is not None
     if walk:
         BLOCK_M, BLOCK_P, num_warps, num_stages = (_one_pass_config() if config is None
-                                                    else _check_prefix_config(config))
+                                                    else _check_tile_config(config))
         k_pre, v_pre = prefix
         o_pre = lse_pre = out  # unused
         S, P = 0, k_pre.shape[1]
@@ -434,10 +437,17 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: tor
     return _launch_block_kernel(q, k, v, slot, scale, states=(o_pre, lse_pre))
 
 
-def _check_prefix_inputs(q, k_pre, v_pre):
-    expect(k_pre.dim() == 3 and k_pre.shape[-1] == q.shape[-1] and q.shape[1] % max(k_pre.shape[0], 1) == 0,
-           "k_pre", f"[Hkv, P, {q.shape[-1]}] with Hkv dividing Hq = {q.shape[1]}", tuple(k_pre.shape))
+def _check_prefix_inputs(q, k_pre, v_pre, kv_heads: int | None = None):
+    """k_pre, v_pre [Hkv, P, D] in q's dtype, Hkv dividing Hq (or equal to ``kv_heads``, the block's)."""
+    Hq, D = q.shape[1], q.shape[-1]
+    heads_ok = k_pre.dim() == 3 and (Hq % max(k_pre.shape[0], 1) == 0 if kv_heads is None
+                                     else k_pre.shape[0] == kv_heads)
+    expect(heads_ok and k_pre.shape[-1] == D, "k_pre",
+           f"[Hkv, P, {D}] with Hkv dividing Hq = {Hq}" if kv_heads is None else f"[{kv_heads}, P, {D}] (k's kv heads)",
+           tuple(k_pre.shape))
     expect(v_pre.shape == k_pre.shape, "v_pre", f"k_pre's shape {tuple(k_pre.shape)}", tuple(v_pre.shape))
+    expect(k_pre.dtype == q.dtype and v_pre.dtype == q.dtype, "k_pre, v_pre", f"q's dtype {q.dtype}",
+           (k_pre.dtype, v_pre.dtype))
     _check_last_contig(k_pre=k_pre, v_pre=v_pre)
 
 
@@ -450,8 +460,7 @@ def one_pass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: 
     so this pays only for short prefixes and few rows (``use_one_pass``). ``config``: (BLOCK_M, BLOCK_P,
     num_warps, num_stages) instead of ``_one_pass_config`` (the benchmark's sweep)."""
     slot = _check_block_inputs(q, k, v, slot)
-    expect(k_pre.shape[0] == k.shape[1], "k_pre", f"{k.shape[1]} kv heads (k's)", tuple(k_pre.shape))
-    _check_prefix_inputs(q, k_pre, v_pre)
+    _check_prefix_inputs(q, k_pre, v_pre, kv_heads=k.shape[1])
     return _launch_block_kernel(q, k, v, slot, scale, prefix=(k_pre, v_pre), config=config)
 
 
@@ -459,9 +468,11 @@ def slot_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: torc
                    v_pre: torch.Tensor, scale: float, count: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of every (n,b) with q[slot[n,b]] over the prefix and k/v[slot[n,0..B-1]], the rows
     below the device-side ``count`` (or all) being the ones any slot points at: one pass where
-    ``use_one_pass`` says so, else the prefix states of those rows (split along the prefix) merged by
-    the block kernel."""
-    if use_one_pass(q.shape[0], q.shape[1], k_pre.shape[1]):
+    ``use_one_pass`` says so for the N * B rows of ``slot``, else the prefix states of those rows (split
+    along the prefix) merged by the block kernel."""
+    _check_block_inputs(q, k, v, slot)
+    _check_prefix_inputs(q, k_pre, v_pre, kv_heads=k.shape[1])
+    if use_one_pass(slot.numel(), q.shape[1], k_pre.shape[1]):
         return one_pass_attention(q, k, v, slot, k_pre, v_pre, scale)
     o_pre, lse_pre = prefix_attention_states(q, k_pre, v_pre, scale, count)
     return block_attention(q, k, v, slot, o_pre, lse_pre, scale)

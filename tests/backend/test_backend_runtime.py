@@ -232,7 +232,7 @@ def test_stats_single_branch(model_cache):
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy scalar conversion inside the interpreter
 @pytest.mark.parametrize("dense_fraction, min_spill_us, one_pass",
                          [(0.0, 0.0, False), (0.3, 0.0, True), (1.0, 0.0, True), (0.3, 2.0, False)],
-                         ids=["triton-gemm", "split", "cublas", "split-skipped"])
+                         ids=["triton-gemm-two-kernels", "split-one-pass", "cublas-one-pass", "split-skipped-two-kernels"])
 def test_triton_kernels_match_torch_kernels_and_reference(dense_fraction, min_spill_us, one_pass, monkeypatch):
     """The Triton kernels through the whole rewritten graph, packed linears in every split of cuBLAS head
     and Triton spill, attention in one pass and as prefix states + block merge (two kernels)."""

@@ -26,9 +26,11 @@ def strided_q(R, Hq, D, dtype, gen):
 
 
 def cache_view(Hkv, P, D, dtype, gen):
-    """k_pre, v_pre [Hkv, P, D] as strided views of a bigger [2, L, Hkv, Pmax, D] cache."""
+    """k_pre, v_pre [Hkv, P, D] as strided views of bigger caches, with different strides (the kernels
+    must not read v_pre with k_pre's)."""
     cache = randn(2, 2, Hkv, P + 3, D, dtype=dtype, gen=gen)
-    return cache[0, 1, :, 2:P + 2], cache[1, 0, :, 1:P + 1]
+    v_cache = randn(Hkv + 1, P + 7, D, dtype=dtype, gen=gen)
+    return cache[0, 1, :, 2:P + 2], v_cache[1:, 4:P + 4]
 
 
 @settings(**SETTINGS)
@@ -84,8 +86,8 @@ def test_block_attention(N, B, Hkv, G, D, P, dtype, p_fold, seed):
 
 
 @settings(**SETTINGS)
-@given(N=st.integers(1, 5), B=st.integers(1, 9), Hkv=st.integers(1, 2), G=st.sampled_from(GROUPS),
-       D=st.sampled_from([8, 16]), P=st.sampled_from([0, 1, 3, 17, 40]), dtype=st.sampled_from(DTYPES),
+@given(N=st.integers(1, 4), B=st.integers(1, 40), Hkv=st.integers(1, 2), G=st.sampled_from(GROUPS),
+       D=st.sampled_from([8, 16, 24]), P=st.sampled_from([0, 1, 3, 17, 40]), dtype=st.sampled_from(DTYPES),
        p_fold=st.sampled_from([0.0, 0.5, 1.0]),
        config=st.sampled_from([None, (16, 16, 1, 1), (16, 32, 2, 2), (32, 16, 4, 3)]),
        seed=st.integers(0, 2**31 - 1))
@@ -101,6 +103,17 @@ def test_one_pass_attention(N, B, Hkv, G, D, P, dtype, p_fold, config, seed):
     torch.testing.assert_close(out.float(), ref.float(), **tol(dtype))
 
 
+@pytest.mark.parametrize("N, B, G, P", [(1, 1, 7, 0), (2, 1, 7, 5), (1, 32, 1, 0), (3, 32, 6, 65)])
+def test_one_pass_attention_edges(N, B, G, P):
+    """Fixed edge cases: an empty prefix (the running max starts at -inf), one-row blocks, a full 32-row
+    block, a group of 7 (not a power of two), a prefix longer than a key tile."""
+    gen = torch.Generator().manual_seed(N * 1000 + B * 10 + P)
+    q, k, v, k_pre, v_pre, slot = _packed_problem(N, B, 1, G, 16, P, torch.float32, 0.5, gen)
+    out = one_pass_attention(q, k, v, slot, k_pre, v_pre, 0.25)
+    ref = block_attention_ref(q, k, v, slot, *prefix_attention_ref(q, k_pre, v_pre, 0.25), 0.25)
+    torch.testing.assert_close(out, ref, **tol(torch.float32))
+
+
 def test_slot_attention_one_pass_only_for_short_prefixes_and_few_rows(monkeypatch):
     """slot_attention runs one pass for at most ONE_PASS_MAX_PREFIX prefix keys and a walk of at most
     ONE_PASS_MAX_WORK rows x query heads x keys, and prefix states + block merge otherwise; every path gives the
@@ -112,17 +125,16 @@ def test_slot_attention_one_pass_only_for_short_prefixes_and_few_rows(monkeypatc
     monkeypatch.setattr(A, "one_pass_attention", lambda *a, **kw: calls.append("one") or one_pass(*a, **kw))
     monkeypatch.setattr(A, "ONE_PASS_MAX_PREFIX", 20)
     gen = torch.Generator().manual_seed(11)
-    # (max walk as a function of the packed rows R, with 6 query heads; prefix keys; one pass?)
-    for max_work, P, one in ((lambda R: 10**9, 0, True), (lambda R: 10**9, 20, True), (lambda R: 10**9, 21, False),
-                             (lambda R: 10**9, 33, False), (lambda R: 1, 0, True), (lambda R: 1, 20, False),
-                             (lambda R: R * 6 * 20, 20, True), (lambda R: R * 6 * 20 - 1, 20, False)):
+    # (max walk, prefix keys, one pass?) for 3 x 6 = 18 slot rows of 6 query heads
+    for max_work, P, one in ((10**9, 0, True), (10**9, 20, True), (10**9, 21, False), (10**9, 33, False),
+                             (1, 0, True), (1, 20, False), (18 * 6 * 20, 20, True), (18 * 6 * 20 - 1, 20, False)):
         q, k, v, k_pre, v_pre, slot = _packed_problem(3, 6, 2, 3, 16, P, torch.float32, 0.5, gen)
-        monkeypatch.setattr(A, "ONE_PASS_MAX_WORK", max_work(q.shape[0]))
+        monkeypatch.setattr(A, "ONE_PASS_MAX_WORK", max_work)
         ref = block_attention_ref(q, k, v, slot, *prefix_attention_ref(q, k_pre, v_pre, 0.3), 0.3)
         for count in (None, torch.tensor(q.shape[0] - 2, device=DEVICE)):
             calls.clear()
             out = slot_attention(q, k, v, slot, k_pre, v_pre, 0.3, count)
-            assert calls == (["one"] if one else []), (q.shape[0], P, calls)
+            assert calls == (["one"] if one else []), (max_work, P, calls)
             torch.testing.assert_close(out, ref, **tol(torch.float32))
     monkeypatch.setattr(A, "ONE_PASS_MAX_PREFIX", -1)  # the bisection switch: never one pass
     monkeypatch.setattr(A, "ONE_PASS_MAX_WORK", 10**9)
@@ -144,17 +156,24 @@ def test_one_pass_rule_at_the_measured_shapes():
     assert use_one_pass(160, 12, 1024) and not use_one_pass(160, 28, 1024)
 
 
-def test_one_pass_attention_rejects_bad_inputs():
+@pytest.mark.parametrize("fn", ["one_pass", "slot"])
+def test_attention_rejects_bad_inputs(fn):
+    """Both entry points name the bad argument and what they expected, before any launch (the two-kernel
+    path of slot_attention included: a prefix with other kv heads than the block's is an error there too)."""
     gen = torch.Generator().manual_seed(12)
     q, k, v, k_pre, v_pre, slot = _packed_problem(2, 4, 2, 2, 8, 5, torch.float32, 0.5, gen)
-    with pytest.raises(ValueError, match="k_pre"):
-        one_pass_attention(q, k, v, slot, k_pre[:1], v_pre[:1], 0.3)
-    with pytest.raises(ValueError, match="v_pre"):
-        one_pass_attention(q, k, v, slot, k_pre, v_pre[:, :3], 0.3)
-    with pytest.raises(ValueError, match="config"):
-        one_pass_attention(q, k, v, slot, k_pre, v_pre, 0.3, config=(24, 16, 4, 2))
-    with pytest.raises(ValueError, match="slot"):
-        one_pass_attention(q, k, v, slot.flatten(), k_pre, v_pre, 0.3)
+    call = one_pass_attention if fn == "one_pass" else (lambda *a, config=None: slot_attention(*a))
+    bad = [(dict(k_pre=k_pre[:1], v_pre=v_pre[:1]), "k_pre"), (dict(k_pre=k_pre[0, 0]), "k_pre"),
+           (dict(v_pre=v_pre[:, :3]), "v_pre"), (dict(slot=slot.flatten()), "slot"), (dict(slot=slot.float()), "slot"),
+           (dict(k_pre=k_pre.double(), v_pre=v_pre.double()), "k_pre, v_pre"), (dict(v=v.double()), "k, v")]
+    if fn == "one_pass":
+        bad.append((dict(config=(24, 16, 4, 2)), "config"))
+    for change, name in bad:
+        args = dict(q=q, k=k, v=v, slot=slot, k_pre=k_pre, v_pre=v_pre)
+        config = change.pop("config", None)
+        args.update(change)
+        with pytest.raises(ValueError, match=name):
+            call(args["q"], args["k"], args["v"], args["slot"], args["k_pre"], args["v_pre"], 0.3, config=config)
 
 
 def test_block_attention_kernel_prefix_state_and_empty_prefix():
