@@ -313,17 +313,23 @@ def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.T
     sessions 1-7 (row tiles fastest), kept for the sweep's comparison."""
     expect(q.dim() == 3, "q", "[R, Hq, D]", tuple(q.shape))
     _check_prefix_inputs(q, k_pre, v_pre)
+    _check_last_contig(q=q)
+    if config is not None:
+        _check_tile_config(config)
+    if splits is not None and (not isinstance(splits, int) or splits < 1):
+        raise ValueError(f"splits: expected an int >= 1, got {splits!r}")
+    return _launch_prefix_kernel(q, k_pre, v_pre, scale, count, splits, config, row_tiles_outer)
+
+
+def _launch_prefix_kernel(q, k_pre, v_pre, scale, count=None, splits=None, config=None, row_tiles_outer=True):
+    """``prefix_attention_states`` on checked inputs."""
     R, Hq, D = q.shape
     Hkv, P, _ = k_pre.shape
-    _check_last_contig(q=q)
     G = Hq // Hkv
-    BLOCK_M, BLOCK_P, num_warps, num_stages = (_prefix_config(R * G, D) if config is None
-                                                else _check_tile_config(config))
+    BLOCK_M, BLOCK_P, num_warps, num_stages = _prefix_config(R * G, D) if config is None else config
     if splits is None:
         working = R if count is None else math.ceil(FOLDED_ROWS_GUESS * R)
         splits = prefix_splits(triton.cdiv(working * G, BLOCK_M) * Hkv, P, BLOCK_P, q.device, R * Hq)
-    if not isinstance(splits, int) or splits < 1:
-        raise ValueError(f"splits: expected an int >= 1, got {splits!r}")
     o = _common.empty((splits, R, Hq, D), torch.float32, q.device)
     lse = _common.empty((splits, R, Hq), torch.float32, q.device)
     if R == 0:
@@ -368,8 +374,9 @@ def _check_block_inputs(q, k, v, slot):
 
 
 def _launch_block_kernel(q, k, v, slot, scale, states=None, prefix=None, config=None):
-    """The block kernel over every (n, b) of ``slot``, merging S prefix ``states`` (o [S,R,Hq,D],
-    lse [S,R,Hq]) or walking the ``prefix`` keys itself ((k_pre, v_pre) [Hkv,P,D]: one pass)."""
+    """The block kernel over every (n, b) of ``slot`` (inputs checked by the caller), merging S prefix
+    ``states`` (o [S,R,Hq,D], lse [S,R,Hq]) or walking the ``prefix`` keys itself ((k_pre, v_pre)
+    [Hkv,P,D]: one pass)."""
     R, Hq, D = q.shape
     Hkv = k.shape[1]
     N, B = slot.shape
@@ -381,8 +388,7 @@ def _launch_block_kernel(q, k, v, slot, scale, states=None, prefix=None, config=
     BLOCK_D = max(16, triton.next_power_of_2(D))
     walk = prefix is not None
     if walk:
-        BLOCK_M, BLOCK_P, num_warps, num_stages = (_one_pass_config() if config is None
-                                                    else _check_tile_config(config))
+        BLOCK_M, BLOCK_P, num_warps, num_stages = _one_pass_config() if config is None else config
         k_pre, v_pre = prefix
         o_pre = lse_pre = out  # unused
         S, P = 0, k_pre.shape[1]
@@ -461,6 +467,8 @@ def one_pass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: 
     num_warps, num_stages) instead of ``_one_pass_config`` (the benchmark's sweep)."""
     slot = _check_block_inputs(q, k, v, slot)
     _check_prefix_inputs(q, k_pre, v_pre, kv_heads=k.shape[1])
+    if config is not None:
+        _check_tile_config(config)
     return _launch_block_kernel(q, k, v, slot, scale, prefix=(k_pre, v_pre), config=config)
 
 
@@ -470,12 +478,12 @@ def slot_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: torc
     below the device-side ``count`` (or all) being the ones any slot points at: one pass where
     ``use_one_pass`` says so for the N * B rows of ``slot``, else the prefix states of those rows (split
     along the prefix) merged by the block kernel."""
-    _check_block_inputs(q, k, v, slot)
+    slot = _check_block_inputs(q, k, v, slot)  # checked once here: the launches below do not check again
     _check_prefix_inputs(q, k_pre, v_pre, kv_heads=k.shape[1])
     if use_one_pass(slot.numel(), q.shape[1], k_pre.shape[1]):
-        return one_pass_attention(q, k, v, slot, k_pre, v_pre, scale)
-    o_pre, lse_pre = prefix_attention_states(q, k_pre, v_pre, scale, count)
-    return block_attention(q, k, v, slot, o_pre, lse_pre, scale)
+        return _launch_block_kernel(q, k, v, slot, scale, prefix=(k_pre, v_pre))
+    states = _launch_prefix_kernel(q, k_pre, v_pre, scale, count)
+    return _launch_block_kernel(q, k, v, slot, scale, states=states)
 
 
 def branch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pre: torch.Tensor,

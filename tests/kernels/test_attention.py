@@ -121,8 +121,13 @@ def test_slot_attention_one_pass_only_for_short_prefixes_and_few_rows(monkeypatc
     from specfold_compile.kernels import attention as A
 
     calls = []
-    one_pass = A.one_pass_attention
-    monkeypatch.setattr(A, "one_pass_attention", lambda *a, **kw: calls.append("one") or one_pass(*a, **kw))
+    launch = A._launch_block_kernel
+
+    def watched_launch(*a, **kw):  # the one-pass launch is the block kernel's with the prefix to walk
+        if kw.get("prefix") is not None:
+            calls.append("one")
+        return launch(*a, **kw)
+    monkeypatch.setattr(A, "_launch_block_kernel", watched_launch)
     monkeypatch.setattr(A, "ONE_PASS_MAX_PREFIX", 20)
     gen = torch.Generator().manual_seed(11)
     # (max walk, prefix keys, one pass?) for 3 x 6 = 18 slot rows of 6 query heads
