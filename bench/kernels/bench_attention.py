@@ -50,6 +50,14 @@ def prefix_problems(models, prefixes, dev, dt):
             yield mname, m, scale, P, cache[0, :, :P], cache[1, :, :P]
 
 
+FOLDED_SHARE = 0.19  # a folded call's computed rows in the sweeps (the per_check point r = 0.19)
+
+
+def computed_counts(R: int, dev) -> list[tuple[int, torch.Tensor]]:
+    """(computed rows, its device-side count) for every row and for a folded call's share of them."""
+    return [(c, torch.tensor(c, device=dev)) for c in sorted({R, max(1, round(FOLDED_SHARE * R))})]
+
+
 def block_problem(m, N, block, scale, k_pre, v_pre, dev, dt):
     """Every row of N branches computed (identity slots): (R, q, k, v, slot, the reference output)."""
     R = N * block
@@ -69,8 +77,7 @@ def sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
             R = N * block
             q = torch.randn(R, hq, d, device=dev).to(dt)
             ro, rl = prefix_attention_ref(q, k_pre, v_pre, scale)
-            for computed in sorted({R, max(1, round(0.19 * R))}):
-                count = torch.tensor(computed, device=dev)
+            for computed, count in computed_counts(R, dev):
                 run = lambda cfg=None, outer=True: prefix_attention_states(  # noqa: E731
                     q, k_pre, v_pre, scale, count, splits=1, config=cfg, row_tiles_outer=outer)
                 default_ms = C.bench(run, args.quick)
@@ -100,8 +107,7 @@ def split_sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
         hq, d = m["hq"], m["d"]
         for N in ns:
             R, q, k, v, slot, ref = block_problem(m, N, block, scale, k_pre, v_pre, dev, dt)
-            for computed in sorted({R, max(1, round(0.19 * R))}):
-                count = torch.tensor(computed, device=dev)
+            for computed, count in computed_counts(R, dev):
                 default = prefix_attention_states(q, k_pre, v_pre, scale, count)[0].shape[0]
                 point = dict(model=mname, P=P, N=N, rows=R, computed=computed, default_splits=default)
                 mine = []
@@ -131,8 +137,7 @@ def one_pass_sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
             R, q, k, v, slot, ref = block_problem(m, N, block, scale, k_pre, v_pre, dev, dt)
             point = dict(model=mname, P=P, N=N, rows=R, default_config=list(_one_pass_config()))
             mine = []
-            for computed in sorted({R, max(1, round(0.19 * R))}):
-                count = torch.tensor(computed, device=dev)
+            for computed, count in computed_counts(R, dev):
 
                 def two(count=count):
                     o_s, lse_s = prefix_attention_states(q, k_pre, v_pre, scale, count)
