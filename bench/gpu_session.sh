@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -81,5 +81,14 @@ case "$part" in
                       --ns 5,9,17,33 --no-inductor --min-spill-us $us --budget 150 "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
                     rm -f "$OUT/${m}_us$us/per_check.png"
                   done; done ;;
+  dense_fraction) # options["dense_fraction"] 0.2 (a 128-row cuBLAS head up to N = 17, 256 at N = 33) against the
+                  # default 0.45 (256 / 512 rows), prefix 512, folded calls, back to back (~4 min a shape, session
+                  # 11): bash bench/gpu_session.sh dense_fraction --models NAME
+                  for f in 0.45 0.2; do
+                    OUT="$OUT/frac_$f" python -m bench.run --suite per_check --prefixes 512 --ns 9,13,17,33 \
+                      --ratios 0.1,0.25,0.3,0.5 --no-inductor --dense-fraction $f --budget 120 "${extra[@]}" 2>&1 \
+                      | tee -a "$OUT/log.txt"
+                    rm -f "$OUT/frac_$f/per_check.png"
+                  done ;;
   *) echo "unknown part: $part" >&2; exit 2 ;;
 esac

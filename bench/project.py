@@ -22,7 +22,10 @@ dense eager N = 1 forward. A call costs:
 The result is labelled "projected" everywhere it appears.
 
 ``python -m bench.project END_TO_END.json PER_CHECK.json`` replaces the projected rows of END_TO_END.json
-with ones computed from PER_CHECK.json (prefix 512) and prints them.
+with ones computed from PER_CHECK.json (prefix 512) and prints them. ``--specfold-from RUN.json``
+(repeatable) projects SpecFold with another configuration's latencies (an ablation run, e.g. another
+``--dense-fraction``): RUN's SpecFold rows replace every SpecFold row of the same model, prefix and N
+(all its ratios, so no ratio of the two configurations is interpolated with the other's).
 """
 
 from __future__ import annotations
@@ -144,14 +147,27 @@ def project(run_rows: list[dict], table: dict, shape: str) -> list[dict]:
     return out
 
 
+def with_specfold_from(rows: list[dict], run_rows: list[dict]) -> list[dict]:
+    """``rows`` with the SpecFold rows of every (model, prefix, N) that ``run_rows`` measured replaced by
+    the run's own SpecFold rows."""
+    key = lambda r: (r.get("model"), r.get("prefix"), r.get("n_branches"))  # noqa: E731
+    run_specfold = [r for r in run_rows if r.get("mode") == "specfold"]
+    points = {key(r) for r in run_specfold}
+    return [r for r in rows if not (r.get("mode") == "specfold" and key(r) in points)] + run_specfold
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("end_to_end")
     ap.add_argument("per_check")
     ap.add_argument("--prefix", type=int, default=512)
+    ap.add_argument("--specfold-from", action="append", default=[], metavar="RUN.json",
+                    help="per_check run whose SpecFold rows replace PER_CHECK's at the same model, prefix and N")
     args = ap.parse_args(argv)
     e2e = json.loads(Path(args.end_to_end).read_text())
     per_check = json.loads(Path(args.per_check).read_text())["rows"]
+    for run in args.specfold_from:
+        per_check = with_specfold_from(per_check, json.loads(Path(run).read_text())["rows"])
     measured = [r for r in e2e["rows"] if r.get("kind") != "projected"]
     projected = []
     for shape in SHAPES:
@@ -160,6 +176,8 @@ def main(argv=None) -> int:
             projected += project(measured, table, shape)
     e2e["rows"] = measured + projected
     e2e["projected_from"] = {"per_check": args.per_check, "prefix": args.prefix}
+    if args.specfold_from:
+        e2e["projected_from"]["specfold_from"] = args.specfold_from
     Path(args.end_to_end).write_text(json.dumps(e2e, indent=1) + "\n")
     for r in projected:
         print(f"{r['shape']:18s} {r['task']:9s} {r['mode']:8s} {r['projected_tokens_per_s']:8.1f} tok/s (projected)")

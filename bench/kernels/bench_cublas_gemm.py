@@ -50,15 +50,20 @@ def time_pass(one_pass, calls: int) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         one_pass()
+    return 1e3 * replay_median_ms(graph, 10) / calls
+
+
+def replay_median_ms(graph: torch.cuda.CUDAGraph, replays: int) -> float:
+    """Median milliseconds of one replay of a captured CUDA graph, over ``replays`` event-timed replays."""
     times = []
-    for _ in range(10):
+    for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return 1e3 * sorted(times)[len(times) // 2] / calls
+    return sorted(times)[len(times) // 2]
 
 
 def gpu_args(name: str, doc: str) -> argparse.Namespace:

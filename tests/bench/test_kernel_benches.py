@@ -25,7 +25,7 @@ def test_kernel_benchmark_quick(script, extra, tmp_path):
     assert rows and all(r.get("max_rel_err", 0.0) < 0.05 for r in rows)
 
 
-@pytest.mark.parametrize("script", ["bench_cublas_gemm.py", "bench_cublas_variants.py"])
+@pytest.mark.parametrize("script", ["bench_cublas_gemm.py", "bench_cublas_variants.py", "bench_count_gemm.py"])
 def test_cublas_benchmarks_refuse_the_cpu(script, tmp_path):
     """The cuBLAS benchmarks time the GPU's library only: without CUDA they stop with a message naming
     themselves, and write nothing."""

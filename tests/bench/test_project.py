@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from bench.project import call_ms, main, project, table_from_per_check
+from bench.project import call_ms, main, project, table_from_per_check, with_specfold_from
 
 
 def _per_check_rows():
@@ -116,3 +116,24 @@ def test_writes_cost_the_measured_write_rows():
     assert [(r["mode"], r["projected_ms"]) for r in out] == [
         ("specfold", pytest.approx(2.0 + 3.0 + 2 * 0.7)), ("spiffy", pytest.approx(2.0 + 4.0 + 2 * 1.9)),
         ("spiffy_compiled", pytest.approx(1.2 + 2.4 + 2 * 0.7))]
+
+
+def test_specfold_from_replaces_every_ratio_of_a_measured_point(tmp_path):
+    """An ablation run's SpecFold rows replace all SpecFold rows of the same (model, prefix, N), the
+    ratios it did not measure included; other points and other modes stay."""
+    run = [{"model": "m", "prefix": 512, "n_branches": 17, "mode": "specfold", "recompute_ratio": 0.1, "ms": 4.0},
+           {"model": "m", "prefix": 512, "n_branches": 17, "mode": "dense", "recompute_ratio": 1.0, "ms": 77.0}]
+    rows = with_specfold_from(_per_check_rows(), run)
+    table = table_from_per_check(rows, "m", 512)
+    assert table["specfold"][17] == [(0.1, 4.0)]                             # the 0.5 row of N = 17 is gone
+    assert table["specfold"][5] == [(0.1, 3.0), (0.5, 5.0)] and table["dense"][17] == 10.0
+    e2e, per_check, ablation = tmp_path / "e2e.json", tmp_path / "pc.json", tmp_path / "run.json"
+    call = {"task": "t", "mode": "specfold", "accuracy": 1.0, "nfe": 2.0, "tokens": 30, "forwards": 2,
+            "calls": [(1, 1.0), (17, 0.5)], "kind": "measured"}
+    e2e.write_text(json.dumps({"rows": [call]}))
+    per_check.write_text(json.dumps({"rows": [{**r, "model": "fast-dllm-v2-7b"} for r in _per_check_rows()]}))
+    ablation.write_text(json.dumps({"rows": [{**r, "model": "fast-dllm-v2-7b"} for r in run]}))
+    assert main([str(e2e), str(per_check), "--specfold-from", str(ablation)]) == 0
+    out = json.loads(e2e.read_text())
+    assert out["projected_from"]["specfold_from"] == [str(ablation)]
+    assert out["rows"][1]["projected_ms"] == pytest.approx(2.0 + 4.0)      # N = 17 at r = 0.5: clamped to 4.0
