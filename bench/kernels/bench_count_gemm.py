@@ -9,6 +9,11 @@ weight read once), one decoder layer's packed linears (qkv, gate_up, down), weig
 Rows: {"model", "rows" (R = N * 32), "count", "variant", "us" (per layer, CUDA-graph replays), "err"
 (relative error of the computed rows against fp32)}. Also probes whether this torch can capture CUDA-graph
 conditional nodes (``torch.cuda.CUDAGraph.begin_capture_to_if_node``).
+
+``--spill-configs``: instead, the spill kernel alone (rows past the 256-row head of R = 544, each linear
+apart) at every tile config the autotuner chooses from, for counts from 256 (nothing spills: the launch
+of exiting programs) to 544, next to what the autotuner picked (tuned with a quarter of the spill rows
+computed). Rows: {"model", "linear", "count", "config", "us", "err"}.
 """
 from __future__ import annotations
 
@@ -48,8 +53,69 @@ def time_graph(fn, replays: int = 20) -> float:
     return replay_median_ms(graph, replays)
 
 
+SPILL_COUNTS = (256, 300, 328, 400, 544)  # R = 544, head 256: nothing, 44, 72 (the tuning load), 144, 288 rows
+
+
+def spill_configs(models) -> list[dict]:
+    """The spill kernel per tile config and spill size, each linear of a layer apart (see the docstring)."""
+    import importlib
+
+    import triton
+
+    pl = importlib.import_module("specfold_compile.kernels.packed_linear")  # the module, not the function
+
+    R, head, rows = 544, 256, []
+    for name in models:
+        for lname, (m, k) in zip(("qkv", "gate_up", "down"), layer_shapes(preset(name))):
+            weights = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+                       for _ in range(max(2, int(400e6 // (m * k * 2)) + 1))]
+            x = torch.randn(R, k, device="cuda", dtype=torch.bfloat16)
+            y = torch.empty(R, m, device="cuda", dtype=torch.bfloat16)
+            count = torch.zeros((), device="cuda", dtype=torch.int64)
+            configs = {"autotuned": None}
+            configs.update({f"{c.kwargs['BLOCK_R']}x{c.kwargs['BLOCK_N']}x{c.kwargs['BLOCK_K']}w{c.num_warps}s{c.num_stages}": c
+                            for c in pl._cuda_configs(16)})  # every config, old and current
+            for c in SPILL_COUNTS:
+                for cname, cfg in configs.items():
+                    count.fill_(c)
+
+                    def run(cfg=cfg):
+                        for w in weights:
+                            if cfg is None:
+                                pl.packed_linear(x, w, None, count, row_start=head, out=y)
+                                continue
+                            meta = cfg.kwargs
+                            grid = (triton.cdiv(R - head, meta["BLOCK_R"]), triton.cdiv(m, meta["BLOCK_N"]))
+                            pl._packed_linear_body[grid](
+                                x, w, y, y, count, R, m, k, pl._row_bucket(R - head), head, x.stride(0),
+                                w.stride(0), y.stride(0), HAS_BIAS=False, HAS_COUNT=True, PREC="tf32",
+                                EVEN_K=k % meta["BLOCK_K"] == 0, **meta, num_warps=cfg.num_warps,
+                                num_stages=cfg.num_stages)
+
+                    row = {"model": name, "linear": lname, "count": c, "config": cname}
+                    try:
+                        ms = time_graph(run)
+                        want = x[head:c].float() @ weights[-1].float().t()
+                        err = float((y[head:c].float() - want).norm() / want.norm()) if c > head else 0.0
+                        row.update(us=round(1e3 * ms / len(weights), 2), err=err)
+                    except Exception as exc:  # a config that does not fit: report and go on
+                        row["error"] = repr(exc)[:200]
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+            if pl._packed_linear_kernel_tuned is not None:
+                picked = [str(v) for v in pl._packed_linear_kernel_tuned.cache.values()]
+                rows.append({"model": name, "linear": lname, "autotuned_configs_so_far": picked})
+            del weights
+    return rows
+
+
 def main() -> None:
-    args = gpu_args("bench_count_gemm", __doc__)
+    args = gpu_args("bench_count_gemm", __doc__, flags=("--spill-configs",))
+    if args.spill_configs:
+        rows = spill_configs(args.models)
+        with open(args.out, "w") as fh:
+            json.dump(rows, fh, indent=1)
+        return
     from specfold_compile import fold_ops
 
     probe = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(),

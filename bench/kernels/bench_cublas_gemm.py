@@ -66,11 +66,14 @@ def replay_median_ms(graph: torch.cuda.CUDAGraph, replays: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def gpu_args(name: str, doc: str) -> argparse.Namespace:
-    """The cuBLAS benchmarks' options (--out, --models); stops with a message naming ``name`` without CUDA."""
+def gpu_args(name: str, doc: str, flags: tuple[str, ...] = ()) -> argparse.Namespace:
+    """The cuBLAS benchmarks' options (--out, --models, and on/off ``flags``); stops with a message naming
+    ``name`` without CUDA."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--out", default=f"{name}.json")
     ap.add_argument("--models", type=lambda v: tuple(v.split(",")), default=MODELS)
+    for flag in flags:
+        ap.add_argument(flag, action="store_true")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit(f"{name}: needs a CUDA GPU (it times cuBLAS)")

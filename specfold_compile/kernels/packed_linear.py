@@ -8,6 +8,8 @@ the tile sizes are autotuned.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -17,19 +19,28 @@ from . import _common
 from ._common import dot_precision, use_autotune
 
 
-def _cuda_configs():
+# Row tiles of at least 64 rows. Every row tile of the GEMM reads the whole weight, so the 16- and
+# 32-row tiles that the autotuner picked for 7B's qkv and down when timing ~72 spilled rows (the tuning
+# load, below) took up to 2.3x longer once 288 rows spilled (7B down: 307 against 131 us), while 64-row
+# tiles were as fast within 3.5 us at every spill size and exited faster with nothing to spill (H200,
+# session 11: ``bench/kernels/bench_count_gemm.py --spill-configs``). The environment variable restores
+# the sessions 3-10 set (16) for A/B runs; it is read once, at import.
+MIN_BLOCK_R = int(os.environ.get("SPECFOLD_PACKED_LINEAR_MIN_BLOCK_R", "64"))
+
+
+def _cuda_configs(min_block_r: int | None = None):
+    """The autotuner's tile configs, those with row tiles of at least ``min_block_r`` (MIN_BLOCK_R) rows."""
+    min_block_r = MIN_BLOCK_R if min_block_r is None else min_block_r
     cfgs = []
-    # Tried limiting BLOCK_R to <= 64 (so small `count` keeps more programs busy): better at 25% count,
-    # worse at full count (7B gate_up 0.57 -> 0.71 ms); kept the wider set. Split-K is the next step.
-    # The narrow 16/32 x 32 tiles are for spills of a few rows over a long K (down_proj: M = 1536-3584,
-    # K = 8960-18944), where wider tiles leave most SMs idle; the autotuner keeps them only if faster.
     for bm, bn, bk, w, s in [
         (16, 32, 128, 2, 4), (32, 32, 128, 4, 4), (16, 32, 256, 4, 3),
         (16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (32, 64, 128, 4, 4), (32, 128, 64, 4, 4),
         (64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3),
         (128, 256, 64, 8, 3), (64, 256, 64, 8, 3),
     ]:
-        cfgs.append(triton.Config({"BLOCK_R": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s))
+        if bm >= min_block_r:
+            cfgs.append(triton.Config({"BLOCK_R": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s))
+    _common.expect(bool(cfgs), "SPECFOLD_PACKED_LINEAR_MIN_BLOCK_R", "at most 128", min_block_r)
     return cfgs
 
 

@@ -128,3 +128,18 @@ def test_autotune_hooks_time_real_work_and_restore_the_count():
     hooks.pre(kwargs, reset_only=True)  # the autotuner's reset before the real launch: no change
     hooks.pre({**kwargs, "HAS_COUNT": False})
     assert int(count) == 3 and hooks.saved is None
+
+
+def test_autotune_configs_keep_row_tiles_of_64_rows_or_more():
+    """Every row tile reads the whole weight, so the tuner only chooses among row tiles of >= 64 rows
+    (MIN_BLOCK_R); a smaller bound brings back the older configs, and a bound no config meets is an
+    error naming the environment variable."""
+    import importlib
+
+    pl = importlib.import_module("specfold_compile.kernels.packed_linear")
+    default = pl._cuda_configs()
+    assert pl.MIN_BLOCK_R == 64 and default and all(c.kwargs["BLOCK_R"] >= 64 for c in default)
+    every = pl._cuda_configs(16)
+    assert len(every) > len(default) and min(c.kwargs["BLOCK_R"] for c in every) == 16
+    with pytest.raises(ValueError, match="SPECFOLD_PACKED_LINEAR_MIN_BLOCK_R"):
+        pl._cuda_configs(256)
