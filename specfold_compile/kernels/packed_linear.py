@@ -19,11 +19,11 @@ from . import _common
 from ._common import dot_precision, use_autotune
 
 
-# Row tiles of at least 64 rows. Every row tile of the GEMM reads the whole weight, so the 16- and
-# 32-row tiles that the autotuner picked for 7B's qkv and down when timing ~72 spilled rows (the tuning
-# load, below) took up to 2.3x longer once 288 rows spilled (7B down: 307 against 131 us), while 64-row
-# tiles were as fast within 3.5 us at every spill size and exited faster with nothing to spill (H200,
-# session 11: ``bench/kernels/bench_count_gemm.py --spill-configs``). The environment variable restores
+# Row tiles of at least 64 rows. Every row tile of the GEMM reads the whole weight, so the 16-row tiles
+# that the autotuner picked for qkv and down when timing ~72 spilled rows (the tuning load, below) took
+# 2.3-2.8x longer at 7B once 288 rows spilled (down: 307 against 131 us), while the best 64-row tiles
+# were at most 3.5 us slower at any spill size and exited faster with nothing to spill (H200, session
+# 11: ``bench/kernels/bench_count_gemm.py --spill-configs``). The environment variable restores
 # the sessions 3-10 set (16) for A/B runs; it is read once, at import.
 MIN_BLOCK_R = int(os.environ.get("SPECFOLD_PACKED_LINEAR_MIN_BLOCK_R", "64"))
 
