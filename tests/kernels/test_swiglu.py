@@ -49,3 +49,25 @@ def test_silu_mul_rejects_mismatched_operands():
     with pytest.raises(ValueError, match="gate: expected a contiguous last dim"):
         g = randn(8, 4, gen=gen).t()
         silu_mul(g, g.contiguous())
+
+
+@settings(deadline=None, max_examples=15)
+@given(R=st.integers(1, 40), F=st.integers(1, 90), block_r=st.sampled_from([1, 2, 4, 8, 16]),
+       block_f=st.sampled_from([16, 32, 64, 128, 256]), warps=st.sampled_from([4, 8]),
+       count_mode=st.sampled_from(["zero", "mid", "all"]), seed=st.integers(0, 2**31 - 1))
+def test_silu_mul_at_other_tile_configs(R, F, block_r, block_f, warps, count_mode, seed):
+    """Any (BLOCK_R, BLOCK_F) tiles compute the same rows (the configs the benchmark's sweep times; the
+    GPU default SILU_MUL_CONFIG = (8, 256, 8) among them)."""
+    gen = torch.Generator().manual_seed(seed)
+    gate, up = randn(R, 2 * F, gen=gen).split(F, dim=-1)
+    c = {"zero": 0, "all": R, "mid": int(torch.randint(1, R + 1, (1,), generator=gen))}[count_mode]
+    y = silu_mul(gate, up, torch.tensor(c, dtype=torch.int64, device=DEVICE), config=(block_r, block_f, warps))
+    torch.testing.assert_close(y[:c], silu_mul_ref(gate, up)[:c], **tol(torch.float32))
+
+
+def test_silu_mul_rejects_bad_configs():
+    gen = torch.Generator().manual_seed(0)
+    gate, up = randn(4, 8, gen=gen), randn(4, 8, gen=gen)
+    for bad in [(8, 512), (8, 500, 4), (0, 512, 4), [8, 512, 4], (8.0, 512, 4)]:
+        with pytest.raises(ValueError, match="config"):
+            silu_mul(gate, up, config=bad)
