@@ -82,11 +82,12 @@ case "$part" in
                     rm -f "$OUT/${m}_us$us/per_check.png"
                   done; done ;;
   dense_fraction) # options["dense_fraction"] 0.2 (a 128-row cuBLAS head up to N = 17, 256 at N = 33) against the
-                  # default 0.45 (256 / 512 rows), prefix 512, folded calls, back to back (~4 min a shape, session
-                  # 11): bash bench/gpu_session.sh dense_fraction --models NAME
+                  # default 0.45 (256 / 512 rows), prefix 512, folded calls, back to back (~5-6 min a shape; session
+                  # 11 ran it with --budget 120, which stopped 7B and NLD-3B at 0.45 before N = 33):
+                  # bash bench/gpu_session.sh dense_fraction --models NAME
                   for f in 0.45 0.2; do
                     OUT="$OUT/frac_$f" python -m bench.run --suite per_check --prefixes 512 --ns 9,13,17,33 \
-                      --ratios 0.1,0.25,0.3,0.5 --no-inductor --dense-fraction $f --budget 120 "${extra[@]}" 2>&1 \
+                      --ratios 0.1,0.25,0.3,0.5 --no-inductor --dense-fraction $f --budget 180 "${extra[@]}" 2>&1 \
                       | tee -a "$OUT/log.txt"
                     rm -f "$OUT/frac_$f/per_check.png"
                   done ;;

@@ -25,7 +25,8 @@ The result is labelled "projected" everywhere it appears.
 with ones computed from PER_CHECK.json (prefix 512) and prints them. ``--specfold-from RUN.json``
 (repeatable) projects SpecFold with another configuration's latencies (an ablation run, e.g. another
 ``--dense-fraction``): RUN's SpecFold rows replace every SpecFold row of the same model, prefix and N
-(all its ratios, so no ratio of the two configurations is interpolated with the other's).
+(all its ratios, so no ratio of the two configurations is interpolated with the other's; a call whose N
+lies between one of RUN's Ns and one it did not measure still interpolates between the two).
 """
 
 from __future__ import annotations

@@ -11,9 +11,11 @@ Rows: {"model", "rows" (R = N * 32), "count", "variant", "us" (per layer, CUDA-g
 conditional nodes (``torch.cuda.CUDAGraph.begin_capture_to_if_node``).
 
 ``--spill-configs``: instead, the spill kernel alone (rows past the 256-row head of R = 544, each linear
-apart) at every tile config the autotuner chooses from, for counts from 256 (nothing spills: the launch
-of exiting programs) to 544, next to what the autotuner picked (tuned with a quarter of the spill rows
-computed). Rows: {"model", "linear", "count", "config", "us", "err"}.
+apart) at every tile config of sessions 3-10 (a superset of what the autotuner now chooses from:
+``packed_linear.MIN_BLOCK_R``), for counts from 256 (nothing spills: the launch of exiting programs) to
+544, next to what the autotuner picked (tuned with a quarter of the spill rows computed). Rows:
+{"model", "linear", "count", "config", "us", "err"}, and per linear the autotuner's picks so far
+({key: config}) with the MIN_BLOCK_R it chose under.
 """
 from __future__ import annotations
 
@@ -103,8 +105,9 @@ def spill_configs(models) -> list[dict]:
                     rows.append(row)
                     print(json.dumps(row), flush=True)
             if pl._packed_linear_kernel_tuned is not None:
-                picked = [str(v) for v in pl._packed_linear_kernel_tuned.cache.values()]
-                rows.append({"model": name, "linear": lname, "autotuned_configs_so_far": picked})
+                picked = {str(k): str(v) for k, v in pl._packed_linear_kernel_tuned.cache.items()}
+                rows.append({"model": name, "linear": lname, "min_block_r": pl.MIN_BLOCK_R,
+                             "autotuned_configs_so_far": picked})
             del weights
     return rows
 

@@ -50,9 +50,9 @@ class SpecFoldSettings:
                           through the Triton GEMM. No effect with kernels="torch". At 0.45 the head
                           holds 159 of the 161 folded calls of the task suite at tau = 0.1 (0.3: 141);
                           against 0.3 it costs 0-12% at low ratios and saves 33-40% at ratios 0.34-0.44
-                          (H200, README "dense_fraction"). 0.2 (128 rows up to N = 20) is 5-15% faster
-                          where the computed rows fit and up to 83% slower where they do not (session
-                          11, README "A 128-row head").
+                          (H200, README "dense_fraction"). 0.2 (128 rows up to N = 20) is 6-14% faster
+                          up to N = 17 where the computed rows fit and 16-83% slower where they do not
+                          (session 11, README "A 128-row head").
     min_spill_us:         with Triton kernels, a packed linear skips its spill launch and gives cuBLAS
                           every row when that is estimated (from the weight's shape at the H200's
                           bandwidth and bf16 rate) to cost less than this many microseconds more than

@@ -23,25 +23,38 @@ from ._common import dot_precision, use_autotune
 # that the autotuner picked for qkv and down when timing ~72 spilled rows (the tuning load, below) took
 # 2.3-2.8x longer at 7B once 288 rows spilled (down: 307 against 131 us), while the best 64-row tiles
 # were at most 3.5 us slower at any spill size and exited faster with nothing to spill (H200, session
-# 11: ``bench/kernels/bench_count_gemm.py --spill-configs``). The environment variable restores
-# the sessions 3-10 set (16) for A/B runs; it is read once, at import.
-MIN_BLOCK_R = int(os.environ.get("SPECFOLD_PACKED_LINEAR_MIN_BLOCK_R", "64"))
+# 11, 1.5B and 7B shapes: ``bench/kernels/bench_count_gemm.py --spill-configs``). The environment
+# variable restores the sessions 3-10 set (16) for A/B runs; it is read once, at import.
+_MIN_BLOCK_R_ENV = "SPECFOLD_PACKED_LINEAR_MIN_BLOCK_R"
+# (BLOCK_R, BLOCK_N, BLOCK_K, num_warps, num_stages): every config of sessions 3-10.
+_TILES = [
+    (16, 32, 128, 2, 4), (32, 32, 128, 4, 4), (16, 32, 256, 4, 3),
+    (16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (32, 64, 128, 4, 4), (32, 128, 64, 4, 4),
+    (64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3),
+    (128, 256, 64, 8, 3), (64, 256, 64, 8, 3),
+]
+_LARGEST_BLOCK_R = max(t[0] for t in _TILES)
+
+
+def _min_block_r(value, name: str) -> int:
+    """A row-tile bound that leaves some config: an int in 1.._LARGEST_BLOCK_R (``name`` in the error)."""
+    try:
+        bound = int(value)
+    except (TypeError, ValueError):
+        bound = None
+    _common.expect(bound is not None and 1 <= bound <= _LARGEST_BLOCK_R, name,
+                   f"an integer from 1 to {_LARGEST_BLOCK_R}", repr(value))
+    return bound
+
+
+MIN_BLOCK_R = _min_block_r(os.environ.get(_MIN_BLOCK_R_ENV, "64"), _MIN_BLOCK_R_ENV)
 
 
 def _cuda_configs(min_block_r: int | None = None):
     """The autotuner's tile configs, those with row tiles of at least ``min_block_r`` (MIN_BLOCK_R) rows."""
-    min_block_r = MIN_BLOCK_R if min_block_r is None else min_block_r
-    cfgs = []
-    for bm, bn, bk, w, s in [
-        (16, 32, 128, 2, 4), (32, 32, 128, 4, 4), (16, 32, 256, 4, 3),
-        (16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (32, 64, 128, 4, 4), (32, 128, 64, 4, 4),
-        (64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3),
-        (128, 256, 64, 8, 3), (64, 256, 64, 8, 3),
-    ]:
-        if bm >= min_block_r:
-            cfgs.append(triton.Config({"BLOCK_R": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s))
-    _common.expect(bool(cfgs), "SPECFOLD_PACKED_LINEAR_MIN_BLOCK_R", "at most 128", min_block_r)
-    return cfgs
+    bound = MIN_BLOCK_R if min_block_r is None else _min_block_r(min_block_r, "min_block_r")
+    return [triton.Config({"BLOCK_R": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+            for bm, bn, bk, w, s in _TILES if bm >= bound]
 
 
 @triton.jit

@@ -131,15 +131,37 @@ def test_autotune_hooks_time_real_work_and_restore_the_count():
 
 
 def test_autotune_configs_keep_row_tiles_of_64_rows_or_more():
-    """Every row tile reads the whole weight, so the tuner only chooses among row tiles of >= 64 rows
-    (MIN_BLOCK_R); a smaller bound brings back the older configs, and a bound no config meets is an
-    error naming the environment variable."""
+    """Every row tile reads the whole weight, so by default the tuner only chooses among row tiles of
+    >= 64 rows; a smaller bound brings back the older configs, and a bound no config meets is an error
+    naming the argument."""
     import importlib
 
     pl = importlib.import_module("specfold_compile.kernels.packed_linear")
-    default = pl._cuda_configs()
-    assert pl.MIN_BLOCK_R == 64 and default and all(c.kwargs["BLOCK_R"] >= 64 for c in default)
+    default = pl._cuda_configs(64)
+    assert default and all(c.kwargs["BLOCK_R"] >= 64 for c in default)
     every = pl._cuda_configs(16)
     assert len(every) > len(default) and min(c.kwargs["BLOCK_R"] for c in every) == 16
-    with pytest.raises(ValueError, match="SPECFOLD_PACKED_LINEAR_MIN_BLOCK_R"):
-        pl._cuda_configs(256)
+    for bad in (256, 0, "x"):
+        with pytest.raises(ValueError, match="min_block_r"):
+            pl._cuda_configs(bad)
+
+
+@pytest.mark.parametrize("value, ok", [(None, 64), ("16", 16), ("abc", None), ("", None), ("512", None)])
+def test_min_block_r_environment_variable(value, ok):
+    """SPECFOLD_PACKED_LINEAR_MIN_BLOCK_R (read at import, for A/B runs): 64 when unset, the value when
+    valid, else an import error naming the variable."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "SPECFOLD_PACKED_LINEAR_MIN_BLOCK_R"}
+    if value is not None:
+        env["SPECFOLD_PACKED_LINEAR_MIN_BLOCK_R"] = value
+    code = ("import importlib; pl = importlib.import_module('specfold_compile.kernels.packed_linear'); "
+            "print(pl.MIN_BLOCK_R)")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    if ok is None:
+        assert proc.returncode != 0 and "SPECFOLD_PACKED_LINEAR_MIN_BLOCK_R" in proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr[-1000:]
+        assert proc.stdout.split()[-1] == str(ok)
