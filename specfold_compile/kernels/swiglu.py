@@ -67,9 +67,11 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, count: torch.Tensor | None = 
     Returns silu(gate) * up [..., F] in gate.dtype; rows >= count are unspecified."""
     _common.expect(gate.shape == up.shape and gate.dtype == up.dtype, "gate, up", "one shape and dtype",
                    f"{tuple(gate.shape)} {gate.dtype} and {tuple(up.shape)} {up.dtype}")
-    if config is None:
+    if config is None:  # the defaults need no check on this per-layer path
         config = _INTERPRETER_CONFIG if _common.interpreting() else SILU_MUL_CONFIG
-    BLOCK_R, BLOCK_F, num_warps = _check_config(config)
+    else:
+        _check_config(config)
+    BLOCK_R, BLOCK_F, num_warps = config
     g2, u2 = _rows(gate, "gate"), _rows(up, "up")
     R, F = g2.shape
     out = _common.empty((R, F), gate.dtype, gate.device)
