@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from bench.run import _CallRecorder
+
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -25,7 +27,6 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import specfold_compile  # noqa: F401  (registers the backend)
-    from specfold_compile.backend.stats import collect_stats
     from specfold_compile.decoding import generate
     from specfold_compile.loading import DEFAULT_MODEL_DIR, encode, load_model
     from specfold_compile.tasks import TASKS, sample
@@ -35,24 +36,22 @@ def main(argv=None) -> dict:
                              options={"tau": 0.1, "kernels": "torch", "fold_min_branches": 2})
     calls = []  # (N, host count, [computed rows per layer])
 
-    class Recorder:
-        config, prefill, write_block = model.config, model.prefill, model.write_block
-
+    class Recorder(_CallRecorder):  # bench.run's recorder (each call's fold stats), plus the host count
         def __call__(self, tokens, parents, cache):
-            with collect_stats() as stats:
-                out = compiled(tokens, parents, cache)
-            if tokens.shape[0] > 1 and stats.layers:
+            out = super().__call__(tokens, parents, cache)
+            n, stats = self.calls[-1]
+            if n > 1 and stats.layers:
                 t, p = tokens.cpu(), parents.cpu()
                 block = t.shape[1]
                 host = block + int((t[1:] != t[p[1:]]).sum())
-                calls.append((t.shape[0], host, [block + s.computed_draft_rows for s in stats.layers]))
+                calls.append((n, host, [block + s.computed_draft_rows for s in stats.layers]))
             return out
 
     graph = str(Path(DEFAULT_MODEL_DIR) / "draft_graph.json")
     tasks = args.tasks.split(",") if args.tasks else TASKS
     for task in tasks:
         for prob in sample(task, "test", args.limit, 0):
-            generate(Recorder(), encode(model, prob.prompt), mode="spiffy", max_new_tokens=96,
+            generate(Recorder(compiled, model), encode(model, prob.prompt), mode="spiffy", max_new_tokens=96,
                      draft_budget=16, draft_graph=graph)
     growth = sorted(max(rows) / host for _, host, rows in calls)
     summary = {"calls": len(calls), "first_layer_differs": sum(rows[0] != host for _, host, rows in calls)}
