@@ -318,16 +318,23 @@ class BlockDiffusionLM(nn.Module):
         return torch.cat((x[..., :1, :], x[..., :-1, :]), dim=-2)
 
     # --- the verification forward ----------------------------------------------------------------
-    def forward(self, tokens: Tensor, parents: Tensor, cache: PrefixCache) -> Tensor:
+    def forward(self, tokens: Tensor, parents: Tensor, cache: PrefixCache,
+                logit_positions: Tensor | None = None) -> Tensor:
         """Multi-branch verification: tokens int64 [N, B] (row 0 main), parents int64 [N] -> logits [N, B, V].
 
         Each row attends to the shared prefix cache and bidirectionally to its own row. The family's
         logit shift is applied (``shift_logits``): logits[n, p] is always the distribution of position p.
-        """
-        self.check_inputs(tokens, parents, cache)
-        return self.verify(tokens, parents, cache)
 
-    def verify(self, tokens: Tensor, parents: Tensor, cache: PrefixCache) -> Tensor:
+        ``logit_positions`` (int64 [M], flat indices ``n * B + p``): return only those positions' logits,
+        [M, V] in the given order (HF's ``logits_to_keep``). The decode loop reads the logits of masked
+        positions only, about half the rows of a multi-branch call; the final norm and LM head then run
+        on those rows alone. Every layer still runs on every row (the block attends bidirectionally).
+        """
+        self.check_inputs(tokens, parents, cache, logit_positions)
+        return self.verify(tokens, parents, cache, logit_positions)
+
+    def verify(self, tokens: Tensor, parents: Tensor, cache: PrefixCache,
+               logit_positions: Tensor | None = None) -> Tensor:
         """``forward`` without the input checks (for CUDA-graph capture, where checks cannot read data)."""
         n_rows, block = tokens.shape
         h = self.embed_tokens(tokens)
@@ -337,10 +344,22 @@ class BlockDiffusionLM(nn.Module):
         pos = self.position_tables(positions)
         for layer, k_pre, v_pre in zip(self.layers, cache.keys, cache.values):
             h = layer(h, pos, k_pre, v_pre)
+        if logit_positions is not None:
+            # Gather the rows first: the final norm and the head are row-wise. The shift is an index here.
+            rows = self.logit_rows(logit_positions, block)
+            return self.head(self.norm(h.flatten(0, 1).index_select(0, rows)))
         # The shift before the row-wise norm and head: the same logits, without a second [N, B, vocab] copy.
         return self.head(self.norm(self.shift(h)))
 
-    def check_inputs(self, tokens: Tensor, parents: Tensor, cache: PrefixCache) -> None:
+    def logit_rows(self, logit_positions: Tensor, block: int) -> Tensor:
+        """Flat hidden-state rows whose head output is the logits of ``logit_positions`` (``n * B + p``):
+        the positions themselves, or with the Fast-dLLM shift ``p - 1`` (position 0 its own, as ``shift``)."""
+        if not self.config.shift_logits:
+            return logit_positions
+        return logit_positions - (logit_positions % block != 0).to(logit_positions.dtype)
+
+    def check_inputs(self, tokens: Tensor, parents: Tensor, cache: PrefixCache,
+                     logit_positions: Tensor | None = None) -> None:
         """Shape checks always; data checks (token range, parent order) in eager mode only, since they
         read values back to the host, which a compiled, graph-captured forward must not do."""
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.int64:
@@ -359,9 +378,19 @@ class BlockDiffusionLM(nn.Module):
         if cache.length + tokens.shape[1] > self.config.max_position_embeddings:
             raise ValueError(f"cache: prefix length {cache.length} + block {tokens.shape[1]} exceeds "
                              f"max_position_embeddings={self.config.max_position_embeddings}")
+        if logit_positions is not None and (not isinstance(logit_positions, Tensor) or logit_positions.dim() != 1
+                                            or logit_positions.dtype != torch.int64):
+            raise TypeError(f"logit_positions: expected None or an int64 tensor [M] of flat positions n * B + p, "
+                            f"got {getattr(logit_positions, 'dtype', type(logit_positions))} of shape "
+                            f"{tuple(getattr(logit_positions, 'shape', ()))}")
         if torch.compiler.is_compiling():
             return
         validate_parents(parents)
+        if logit_positions is not None and logit_positions.numel():
+            lo, hi = int(logit_positions.min()), int(logit_positions.max())
+            if lo < 0 or hi >= tokens.numel():
+                raise ValueError(f"logit_positions: flat positions must lie in [0, N * B = {tokens.numel()}), "
+                                 f"got [{lo}, {hi}]")
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size):
             raise ValueError(f"tokens: ids must lie in [0, {self.config.vocab_size}), got "
                              f"[{int(tokens.min())}, {int(tokens.max())}]")

@@ -135,3 +135,15 @@ def test_bad_prefill_and_write_block(setup):
             model.prefill(torch.tensor([1, bad_id]))
         with pytest.raises(ValueError, match=r"^block_tokens"):
             model.write_block(cache, torch.tensor([1, bad_id]))
+
+
+def test_bad_logit_positions(setup):
+    model, cache, tokens, parents = setup
+    with torch.no_grad():
+        assert model(tokens, parents, cache, logit_positions=torch.tensor([0, 5, 3])).shape == \
+            (3, model.config.vocab_size)
+        for bad, exc in [(torch.tensor([0.0]), TypeError), (torch.tensor([[0]]), TypeError), ([0, 1], TypeError),
+                         (torch.tensor([0], dtype=torch.int32), TypeError),
+                         (torch.tensor([tokens.numel()]), ValueError), (torch.tensor([-1]), ValueError)]:
+            with pytest.raises(exc, match=r"^logit_positions"):
+                model(tokens, parents, cache, logit_positions=bad)

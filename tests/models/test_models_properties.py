@@ -172,3 +172,19 @@ def test_shift_semantics():
     shifted = fast.shift(x)
     assert torch.equal(shifted[:, 0], x[:, 0]) and torch.equal(shifted[:, 1:], x[:, :-1])
     assert torch.equal(nld.shift(x), x)
+
+
+@settings(max_examples=30, deadline=None)
+@given(cases(), st.data())
+def test_logit_positions_select_rows(case, data):
+    """``logit_positions`` returns exactly those positions' logits of the full forward, in the given order
+    (duplicates allowed), the family's shift included."""
+    model, cache, tokens, parents, _ = _setup(case)
+    total = tokens.numel()
+    flat = data.draw(st.lists(st.integers(0, total - 1), min_size=1, max_size=2 * total))
+    positions = torch.tensor(flat, dtype=torch.int64)
+    with torch.no_grad():
+        full = model(tokens, parents, cache)
+        some = model(tokens, parents, cache, logit_positions=positions)
+    assert some.shape == (len(flat), model.config.vocab_size)
+    assert_close(some, full.flatten(0, 1)[positions])
