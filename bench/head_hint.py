@@ -37,8 +37,8 @@ def main(argv=None) -> dict:
     calls = []  # (N, host count, [computed rows per layer])
 
     class Recorder(_CallRecorder):  # bench.run's recorder (each call's fold stats), plus the host count
-        def __call__(self, tokens, parents, cache):
-            out = super().__call__(tokens, parents, cache)
+        def __call__(self, tokens, parents, cache, logit_positions=None):
+            out = super().__call__(tokens, parents, cache, logit_positions)
             n, stats = self.calls[-1]
             if n > 1 and stats.layers:
                 t, p = tokens.cpu(), parents.cpu()

@@ -471,9 +471,9 @@ class _CallRecorder:
         self.inner, self.base, self.calls = inner, base, []
         self.config, self.prefill, self.write_block = base.config, base.prefill, base.write_block
 
-    def __call__(self, tokens, parents, cache):
+    def __call__(self, tokens, parents, cache, logit_positions=None):
         with collect_stats() as s:
-            out = self.inner(tokens, parents, cache)
+            out = self.inner(tokens, parents, cache, logit_positions=logit_positions)
         self.calls.append((tokens.shape[0], s))
         return out
 

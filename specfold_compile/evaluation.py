@@ -451,7 +451,7 @@ class FidelityRecorder:
             raise AttributeError(name)
         return getattr(self.model, name)
 
-    def __call__(self, tokens, parents, cache):
+    def __call__(self, tokens, parents, cache, logit_positions=None):
         from .reference import folded_verify  # noqa: PLC0415
 
         dense = self.model(tokens, parents, cache)
@@ -466,7 +466,7 @@ class FidelityRecorder:
                     for k, v in fidelity_positions(folded, dense, tokens, parents, mask_id).items():
                         self.parts[tau][k].append(v)
                 self.seconds += time.perf_counter() - t0
-        return dense
+        return dense if logit_positions is None else dense.flatten(0, 1)[logit_positions]
 
     def summary(self) -> dict[float, dict]:
         return {t: summarize_fidelity(p) for t, p in self.parts.items()}

@@ -2,8 +2,11 @@
 
 Model interface (see ``specfold_compile.models``): ``model.config`` (``block_size``, ``sub_block_size``,
 ``mask_token_id``, ``eos_token_id``, ``vocab_size``), ``model.prefill(prompt_ids) -> cache`` with
-``cache.next_logits`` ([V], predicts the next block's seed), ``model(tokens[N, B], parents[N], cache)
--> logits[N, B, V]`` (rows independent, row 0 = main) and ``model.write_block(cache, block) -> cache``.
+``cache.next_logits`` ([V], predicts the next block's seed), ``model(tokens[N, B], parents[N], cache,
+logit_positions=P) -> logits[M, V]`` (rows independent, row 0 = main; ``P`` int64 [M] flat positions
+``n * B + p``, the masked ones: the only logits the commit rule and the drafts read; ``all_logits=True``
+calls ``model(tokens, parents, cache) -> logits[N, B, V]`` instead) and ``model.write_block(cache,
+block) -> cache``.
 Each of the three counts one NFE. With ``compile_writes=True`` the decoder passes ``compiled=True`` to
 ``prefill`` and ``write_block``.
 
@@ -115,20 +118,44 @@ def _model_consts(model):
     return B, sb, int(cfg.mask_token_id), int(cfg.eos_token_id)
 
 
-def mark_dynamic_shapes(tokens: torch.Tensor, parents: torch.Tensor, cache) -> None:
-    """The branch count and the prefix length change from call to call: mark them so a compiled model
-    traces them as dynamic from the start (one graph per size class, not one per size). N = 1 stays
-    specialised, as torch.compile specialises sizes 0 and 1 anyway."""
+def mark_dynamic_shapes(tokens: torch.Tensor, parents: torch.Tensor, cache,
+                        logit_positions: torch.Tensor | None = None) -> None:
+    """The branch count, the prefix length and the number of masked positions change from call to call:
+    mark them so a compiled model traces them as dynamic from the start (one graph per size class, not
+    one per size). N = 1 stays specialised, as torch.compile specialises sizes 0 and 1 anyway."""
     if parents.numel() > 1:
         torch._dynamo.maybe_mark_dynamic(tokens, 0)
         torch._dynamo.maybe_mark_dynamic(parents, 0)
+    if logit_positions is not None and logit_positions.numel() > 1:
+        torch._dynamo.maybe_mark_dynamic(logit_positions, 0)
     for t in (*getattr(cache, "keys", ()), *getattr(cache, "values", ())):
         if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[1] > 1:
             torch._dynamo.maybe_mark_dynamic(t, 1)
 
 
+def _verify(model, rows: torch.Tensor, parents: list[int], cache, mask_id: int, all_logits: bool
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One verification call -> per-position ``(conf, tok)`` [N, B] on the CPU. Unless ``all_logits``, the
+    model computes the logits of the masked positions only; the other positions get conf 0 and the mask
+    token, which nothing reads (commits and drafts only look at masked positions)."""
+    dev = cache.next_logits.device
+    tokens, parent_ids = rows.to(dev), torch.tensor(parents, dtype=torch.long, device=dev)
+    if all_logits:
+        mark_dynamic_shapes(tokens, parent_ids, cache)
+        conf, tok = confidence(model(tokens, parent_ids, cache), mask_id)
+        return conf.cpu(), tok.cpu()
+    masked = (rows == mask_id).flatten().nonzero().flatten()
+    positions = masked.to(dev)
+    mark_dynamic_shapes(tokens, parent_ids, cache, positions)
+    conf_m, tok_m = confidence(model(tokens, parent_ids, cache, logit_positions=positions), mask_id)
+    conf = torch.zeros(rows.numel(), dtype=torch.float32)
+    tok = torch.full((rows.numel(),), mask_id, dtype=torch.long)
+    conf[masked], tok[masked] = conf_m.cpu(), tok_m.cpu()
+    return conf.view(rows.shape), tok.view(rows.shape)
+
+
 def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, graph, stop_at_eos,
-            trace=None, compile_writes=False) -> GenerateResult:
+            trace=None, compile_writes=False, all_logits=False) -> GenerateResult:
     B, sb, mask_id, eos_id = _model_consts(model)
     eos = eos_id if stop_at_eos else None
     spiffy = mode == "spiffy" and draft_budget > 0 and graph is not None and len(graph) > 0
@@ -142,7 +169,6 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
     while True:
         nblocks += 1
         need = min(B, max_new_tokens - len(out))
-        dev = cache.next_logits.device
         X = torch.full((B,), mask_id, dtype=torch.long)
         X[0] = int(confidence(cache.next_logits, mask_id)[1])
 
@@ -162,12 +188,9 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
             else:
                 rows = X.unsqueeze(0)
                 parents = [-1]
-            tokens, parent_ids = rows.to(dev), torch.tensor(parents, dtype=torch.long, device=dev)
-            mark_dynamic_shapes(tokens, parent_ids, cache)
-            logits = model(tokens, parent_ids, cache)
+            # traces record every position's confidence: all logits there
+            conf, tok = _verify(model, rows, parents, cache, mask_id, all_logits or tb is not None)
             nfe += 1
-            conf, tok = confidence(logits, mask_id)
-            conf, tok = conf.cpu(), tok.cpu()
             if tb is not None:
                 tb["states"].append(X.tolist())
                 tb["conf"].append(conf[0].tolist())
@@ -199,7 +222,7 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
         out.extend(blk)
         if stop or len(out) >= max_new_tokens:
             break
-        cache = model.write_block(cache, X.to(dev), **writes)
+        cache = model.write_block(cache, X.to(cache.next_logits.device), **writes)
         nfe += 1
     wall = time.perf_counter() - t0
     return GenerateResult(tokens=out, nfe=nfe, wall_time_s=wall, steps=steps, mode=mode, blocks=nblocks)
@@ -207,7 +230,7 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
 
 def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla", max_new_tokens: int = 128,
              threshold: float = 0.9, draft_budget: int = 8, draft_graph=None,
-             stop_at_eos: bool = True, compile_writes: bool = False) -> GenerateResult:
+             stop_at_eos: bool = True, compile_writes: bool = False, all_logits: bool = False) -> GenerateResult:
     """Greedy block-diffusion decoding of ``prompt_ids`` (1-D int64).
 
     ``mode="vanilla"``: one forward per denoising step. ``mode="spiffy"``: each forward also verifies up
@@ -220,8 +243,14 @@ def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla", max_new_tok
     ``compile_writes``: run the prompt prefill and the block writes through ``torch.compile`` (default
     backend) too. ``torch.compile(model, ...)`` compiles the verification forward only; a decode loop
     that compiles its model usually wants these compiled as well (gpt-fast's ``compile_prefill``).
+
+    ``all_logits``: ask the model for every position's logits (``model(tokens, parents, cache)``), for a
+    model whose forward takes no ``logit_positions``. By default it computes the masked positions' only
+    (about half the rows of a multi-branch call): the same tokens, a smaller LM head and softmax.
     """
     _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes)
+    if not isinstance(all_logits, bool):
+        raise TypeError(f"all_logits must be a bool, got {type(all_logits).__name__}")
     B = int(model.config.block_size)
     graph = None
     if mode == "spiffy":
@@ -230,7 +259,7 @@ def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla", max_new_tok
         load_draft_graph(draft_graph, B)  # still reject a malformed graph
     with torch.inference_mode():
         return _decode(model, prompt_ids, mode, max_new_tokens, float(threshold), draft_budget, graph,
-                       stop_at_eos, compile_writes=compile_writes)
+                       stop_at_eos, compile_writes=compile_writes, all_logits=all_logits)
 
 
 def record_traces(model, prompts, max_new_tokens: int = 128, threshold: float = 0.9,

@@ -341,7 +341,8 @@ def find_regions(gm: GraphModule, settings: Any = None) -> GraphModule:
     elif getattr(settings, "fold_head", False):
         analysis.head = _head_region(_after_row_shift(h), order)
         if analysis.head is None:
-            analysis.notes.append("fold_head: no position-wise op after the last layer; head left dense")
+            analysis.notes.append("fold_head: no position-wise op reads the last layer's output (logits of "
+                                  "selected positions only, logit_positions?); head left dense")
     return gm
 
 

@@ -61,7 +61,7 @@ class FakeModel:
         self.calls.append(("write", 1))
         return self._make_cache(list(cache.tokens) + block.tolist())
 
-    def __call__(self, tokens, parents, cache):
+    def __call__(self, tokens, parents, cache, logit_positions=None):
         B, V = self.config.block_size, self.config.vocab_size
         assert tokens.dim() == 2 and tokens.shape[1] == B and tokens.dtype == torch.int64
         assert parents.shape == (tokens.shape[0],) and int(parents[0]) == -1
@@ -75,7 +75,7 @@ class FakeModel:
             lg = base * (self.scale * (1.0 + self.sharpen * k)) + self.noise[self._h(row, self.Q)] * (1 + k)
             lg[:, self.config.mask_token_id] = -1e4
             out[n] = lg
-        return out
+        return out if logit_positions is None else out.flatten(0, 1)[logit_positions]
 
     @property
     def nfe(self):

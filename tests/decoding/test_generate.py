@@ -163,8 +163,8 @@ def test_mask_token_never_committed():
         prefill = staticmethod(m.prefill)
         write_block = staticmethod(m.write_block)
 
-        def __call__(self, tokens, parents, cache):
-            out = orig(tokens, parents, cache)
+        def __call__(self, tokens, parents, cache, logit_positions=None):
+            out = orig(tokens, parents, cache, logit_positions)
             out[..., m.config.mask_token_id] = 30.0
             return out
 
@@ -172,3 +172,31 @@ def test_mask_token_never_committed():
     for mode in ("vanilla", "spiffy"):
         r = generate(w, prompt(1, 2), mode=mode, max_new_tokens=20)
         assert m.config.mask_token_id not in r.tokens and len(r.tokens) >= 1
+
+
+@pytest.mark.parametrize("B,sb,V", CONFIGS)
+def test_masked_logits_only(B, sb, V):
+    """By default the decoder asks for the masked positions' logits only: the model sees exactly those
+    flat positions, and decoding is the same as with every position's logits (``all_logits=True``)."""
+    seen = []
+
+    class Spy(FakeModel):
+        def __call__(self, tokens, parents, cache, logit_positions=None):
+            seen.append((tokens.clone(), logit_positions))
+            return super().__call__(tokens, parents, cache, logit_positions)
+
+    for seed in range(3):
+        for mode in ("vanilla", "spiffy"):
+            m = Spy(block_size=B, sub_block_size=sb, vocab_size=V, seed=seed, noise=0.35)
+            seen.clear()
+            fast = generate(m, prompt(3, seed), mode=mode, max_new_tokens=40, draft_budget=6)
+            assert seen and all(torch.equal(pos, (t == m.config.mask_token_id).flatten().nonzero().flatten())
+                                for t, pos in seen)
+            seen.clear()
+            full = generate(m, prompt(3, seed), mode=mode, max_new_tokens=40, draft_budget=6, all_logits=True)
+            assert all(pos is None for _, pos in seen)
+            assert fast.tokens == full.tokens and fast.nfe == full.nfe
+            assert [(s.branches, s.accepted, s.parents) for s in fast.steps] == \
+                [(s.branches, s.accepted, s.parents) for s in full.steps]
+    with pytest.raises(TypeError, match="all_logits"):
+        generate(FakeModel(block_size=8, sub_block_size=4), prompt(1), all_logits=1)

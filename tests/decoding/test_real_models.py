@@ -35,6 +35,10 @@ def test_p5_real_tiny(model):
             v = generate(model, p, max_new_tokens=48, threshold=th)
             s = generate(model, p, mode="spiffy", max_new_tokens=48, threshold=th, draft_budget=8)
             assert s.tokens == v.tokens
+            # every position's logits (all_logits) decode the same tokens as the masked positions' only
+            full = generate(model, p, mode="spiffy", max_new_tokens=48, threshold=th, draft_budget=8,
+                            all_logits=True)
+            assert full.tokens == s.tokens and full.nfe == s.nfe
             assert s.nfe <= v.nfe
             tot_v += v.nfe
             tot_s += s.nfe
