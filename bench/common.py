@@ -107,9 +107,9 @@ def draft_tokens(main: torch.Tensor, parents: list[int], changed: int, vocab: in
     return torch.stack(rows)
 
 
-def floor_ms(cfg, n_rows: int, computed_rows: int, prefix: int) -> float:
+def floor_ms(cfg, n_rows: int, computed_rows: int, prefix: int, logit_rows: int | None = None) -> float:
     """Weights read once vs the FLOPs of the recomputed rows (projections + MLP) plus every row's
-    attention and LM head: the larger of the two times."""
+    attention and the LM head on ``logit_rows`` rows (default: every row): the larger of the two times."""
     c, hd, f = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     layer_params = c * hd * (cfg.num_heads + 2 * cfg.num_kv_heads) + cfg.num_heads * hd * c + 3 * c * f
     weight_bytes = 2 * (cfg.num_layers * layer_params + cfg.vocab_size * c * (1 if cfg.tie_word_embeddings else 2))
@@ -118,7 +118,8 @@ def floor_ms(cfg, n_rows: int, computed_rows: int, prefix: int) -> float:
     attn_flops = 4 * cfg.num_heads * hd * (computed_rows * prefix + rows * block)
     proj_flops = 2 * (c * hd * (cfg.num_heads + 2 * cfg.num_kv_heads) + 3 * c * f) * computed_rows \
         + 2 * cfg.num_heads * hd * c * rows
-    flops = cfg.num_layers * (attn_flops + proj_flops) + 2 * c * cfg.vocab_size * rows
+    head_rows = rows if logit_rows is None else logit_rows
+    flops = cfg.num_layers * (attn_flops + proj_flops) + 2 * c * cfg.vocab_size * head_rows
     return 1e3 * max(weight_bytes / COPY_BW, flops / MATMUL_FLOPS)
 
 

@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -90,6 +90,16 @@ case "$part" in
                       --ratios 0.1,0.25,0.3,0.5 --no-inductor --dense-fraction $f --budget 180 "${extra[@]}" 2>&1 \
                       | tee -a "$OUT/log.txt"
                     rm -f "$OUT/frac_$f/per_check.png"
+                  done ;;
+  logit_positions) # per_check at prefix 512 with every position's logits and with half of them (--logit-fraction
+                  # 0.5: the decode loop asks for the masked positions' only, ~half of a multi-branch call's rows),
+                  # back to back, every mode (~4-5 min a variant; session 12): bash bench/gpu_session.sh
+                  # logit_positions --models NAME [--ratios ...]
+                  for f in all 0.5; do
+                    flag=(); [ "$f" = all ] || flag=(--logit-fraction "$f")
+                    OUT="$OUT/logits_$f" python -m bench.run --suite per_check --prefixes 512 --budget 255 \
+                      "${flag[@]}" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
+                    rm -f "$OUT/logits_$f/per_check.png"
                   done ;;
   *) echo "unknown part: $part" >&2; exit 2 ;;
 esac

@@ -68,6 +68,30 @@ def _inputs(model, n_rows: int, changed: int, seed: int, cache=None):
     return tokens, parents
 
 
+def _fraction(text: str) -> float:
+    """argparse type: a float in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value}")
+    return value
+
+
+def _logit_positions(n_rows: int, block: int, fraction: float | None, seed: int) -> torch.Tensor | None:
+    """``fraction`` of the N x B flat positions (at least one), random and sorted, marked dynamic as the
+    decode loop marks its masked positions; None (every position's logits) without a fraction."""
+    if fraction is None:
+        return None
+    count = max(1, round(fraction * n_rows * block))
+    gen = torch.Generator().manual_seed(seed)
+    positions = torch.randperm(n_rows * block, generator=gen)[:count].sort().values.to(DEVICE)
+    if count > 1:
+        torch._dynamo.maybe_mark_dynamic(positions, 0)
+    return positions
+
+
 def _model(args, name: str):
     """A random bf16 model of this preset (seed 0); q/k/v and gate/up fused (the default) unless
     --no-fuse-projections."""
@@ -231,21 +255,25 @@ def suite_per_check(args) -> list[dict]:
                 base = {"model": name, "prefix": prefix, "n_branches": n_rows,
                         **({} if args.fuse_projections else {"fused_projections": False}),
                         **({} if args.one_pass_max_prefix is None
-                           else {"one_pass_max_prefix": args.one_pass_max_prefix})}
+                           else {"one_pass_max_prefix": args.one_pass_max_prefix}),
+                        **({} if args.logit_fraction is None else {"logit_fraction": args.logit_fraction})}
                 tokens, parents = _inputs(model, n_rows, 4, n_rows, cache)
+                # the decode loop asks for the masked positions' logits only (--logit-fraction of the rows)
+                logits_at = _logit_positions(n_rows, cfg.block_size, args.logit_fraction, n_rows)
+                logit_rows = None if logits_at is None else logits_at.numel()
                 try:
                     with torch.no_grad():
-                        ms, cg = time_cuda_graph(lambda: model.verify(tokens, parents, cache))
+                        ms, cg = time_cuda_graph(lambda: model.verify(tokens, parents, cache, logits_at))
                     add({**base, "mode": "dense", "recompute_ratio": 1.0, "ms": ms, "cuda_graph": cg})
                     add({**base, "mode": "floor", "recompute_ratio": 1.0, "cuda_graph": False,
-                                 "ms": floor_ms(cfg, n_rows, n_rows * cfg.block_size, prefix)})
+                                 "ms": floor_ms(cfg, n_rows, n_rows * cfg.block_size, prefix, logit_rows)})
                     if inductor is not None:
                         try:
                             with torch.no_grad():
                                 t0 = time.monotonic()
-                                inductor(tokens, parents, cache)
+                                inductor(tokens, parents, cache, logits_at)
                                 compile_s = time.monotonic() - t0
-                                ms, cg = time_cuda_graph(lambda: inductor(tokens, parents, cache))
+                                ms, cg = time_cuda_graph(lambda: inductor(tokens, parents, cache, logits_at))
                             add({**base, "mode": "dense_compiled", "recompute_ratio": 1.0, "ms": ms,
                                          "cuda_graph": cg, "first_call_s": compile_s})
                         except Exception as exc:  # record once, stop trying this model's dense compile
@@ -258,9 +286,9 @@ def suite_per_check(args) -> list[dict]:
                         # calls with it.
                         with torch.no_grad():
                             t0 = time.monotonic()
-                            folded(tokens, parents, cache)
+                            folded(tokens, parents, cache, logits_at)
                             first_s = time.monotonic() - t0
-                            ms, cg = time_cuda_graph(lambda: folded(tokens, parents, cache))
+                            ms, cg = time_cuda_graph(lambda: folded(tokens, parents, cache, logits_at))
                         add({**base, "mode": "specfold", "recompute_ratio": 1.0, "ms": ms, "cuda_graph": cg,
                              "first_call_s": first_s})
                         continue
@@ -268,7 +296,7 @@ def suite_per_check(args) -> list[dict]:
                         tokens, parents = _inputs(model, n_rows, changed, 100 * n_rows + changed, cache)
                         t0 = time.monotonic()
                         with torch.no_grad(), collect_stats() as s:
-                            folded(tokens, parents, cache)  # the gate's decisions on these inputs
+                            folded(tokens, parents, cache, logits_at)  # the gate's decisions on these inputs
                         first_call_s = {"specfold": time.monotonic() - t0}
                         # A call the backend ran plain (too few branches to pay) has no gate decisions:
                         # the reference gates say what folding would have computed (for the floor).
@@ -276,7 +304,7 @@ def suite_per_check(args) -> list[dict]:
                         ratio = s.recompute_ratio if folds else _reference_ratio(model, tokens, parents, cache)
                         computed = cfg.block_size + round(ratio * (n_rows - 1) * cfg.block_size)
                         add({**base, "mode": "floor", "recompute_ratio": ratio, "cuda_graph": False,
-                                     "ms": floor_ms(cfg, n_rows, computed, prefix), "target_ratio": target})
+                                     "ms": floor_ms(cfg, n_rows, computed, prefix, logit_rows), "target_ratio": target})
                         for mode, fn in (("specfold", folded), ("specfold_no_inductor", folded_plain),
                                          ("specfold_graph_flags", folded_graph_flags)):
                             if fn is None:
@@ -284,9 +312,9 @@ def suite_per_check(args) -> list[dict]:
                             with torch.no_grad():
                                 if mode not in first_call_s:
                                     t0 = time.monotonic()
-                                    fn(tokens, parents, cache)
+                                    fn(tokens, parents, cache, logits_at)
                                     first_call_s[mode] = time.monotonic() - t0
-                                ms, cg = time_cuda_graph(lambda: fn(tokens, parents, cache))
+                                ms, cg = time_cuda_graph(lambda: fn(tokens, parents, cache, logits_at))
                             add({**base, "mode": mode, "recompute_ratio": ratio, "ms": ms, "cuda_graph": cg,
                                          "target_ratio": target, "first_call_s": first_call_s[mode], "folded": folds,
                                          "dense_fraction": args.dense_fraction, "min_spill_us": args.min_spill_us,
@@ -608,6 +636,10 @@ def main(argv=None) -> int:
                     help="SpecFold options['min_spill_us'] (per_check, breakdown, end_to_end; default: the backend's)")
     ap.add_argument("--fold-min-branches", type=int, default=None,
                     help="SpecFold options['fold_min_branches'] (per_check; default None: the cost model)")
+    ap.add_argument("--logit-fraction", type=_fraction, default=None,
+                    help="per_check: logits of this fraction of the N x B positions only (logit_positions; the "
+                         "decode loop asks for the masked ones, about half of a multi-branch call's); rows get "
+                         "logit_fraction. Default: every position's")
     ap.add_argument("--fold-head", action="store_true", help="per_check: SpecFold with options['fold_head'] (its rows get fold_head=true)")
     ap.add_argument("--no-fuse-projections", dest="fuse_projections", action="store_false",
                     help="check / per_check / writes / memory / breakdown: models with q/k/v and gate/up as "

@@ -23,3 +23,24 @@ def test_check_suite_counts_every_fold_op_with_its_impl(tmp_path, monkeypatch):
     for row in json.loads((tmp_path / "check.json").read_text())["rows"]:
         for name in ("fold_gate", "packed_linear", "folded_attention", "packed_silu_mul"):
             assert row["graph_ops"].get(f"specfold::{name}[torch]", 0) > 0, row["graph_ops"]
+
+
+def test_logit_fraction_per_check(tmp_path, monkeypatch, capsys):
+    """--logit-fraction: every mode's rows carry it, and the floor counts the LM head on that many rows
+    (lower where the FLOPs bound it, the same where the weight read does)."""
+    monkeypatch.setenv("OUT", str(tmp_path))
+    args = ["--suite", "per_check", "--cpu-dry-run", "--models", "fast-dllm-v2-1.5b", "--prefixes", "512", "--ns", "3",
+            "--ratios", "0.25",
+            "--no-inductor"]
+    run.main(args + ["--logit-fraction", "0.5"])
+    half = json.loads((tmp_path / "per_check.json").read_text())["rows"]
+    run.main(args)
+    full = json.loads((tmp_path / "per_check.json").read_text())["rows"]
+    assert {r["mode"] for r in half} >= {"dense", "specfold", "floor"}
+    assert all(r.get("logit_fraction") == 0.5 for r in half) and not any("logit_fraction" in r for r in full)
+    floors = [(a["ms"], b["ms"]) for a, b in zip(half, full) if a["mode"] == "floor"]
+    assert floors and all(a <= b for a, b in floors) and any(a < b for a, b in floors)
+    for bad in ("0", "1.5", "half"):
+        with pytest.raises(SystemExit):
+            run.main(args + ["--logit-fraction", bad])
+        assert "--logit-fraction" in capsys.readouterr().err
