@@ -104,6 +104,8 @@ def test_bidirectional_block_matches_hf_with_float_mask(kind):
     mask = additive(prefix_then_block_mask(p, b))
     with torch.no_grad():
         dense = model(tokens, parents, cache)
+        masked = (tokens == cfg.mask_token_id).flatten().nonzero().flatten()
+        assert_close(model(tokens, parents, cache, logit_positions=masked), dense.flatten(0, 1)[masked], tol=1e-5)
         for n in range(tokens.shape[0]):
             ids = torch.cat((prompt, tokens[n]))[None]
             ref = hf(ids, attention_mask=mask).logits[0]
