@@ -271,8 +271,9 @@ def build_drafts(root: torch.Tensor, conf: torch.Tensor, tok: torch.Tensor, grap
 
     A node's effective rank set is its ranks that exist (<= number of masked positions). Nodes with the
     same effective set are the same state and merge into one draft; drafts equal to the root, or
-    finished (``is_finished(state)``, e.g. complete: their logits are never needed), are dropped, and
-    their children re-attach to the surviving ancestors (a dropped root-equal parent means the root).
+    finished (``is_finished(state)``, the state as a list of ints, e.g. complete: their logits are never
+    needed), are dropped, and their children re-attach to the surviving ancestors (a dropped root-equal
+    parent means the root).
     Score = geometric mean of ``conf`` over the draft's tokens. Fold parent = first parent in row order.
     """
     order = rank_masked_positions(root, conf, mask_id, sub_block_size)
@@ -310,13 +311,15 @@ def build_drafts(root: torch.Tensor, conf: torch.Tensor, tok: torch.Tensor, grap
         if not graph.parents[j]:
             cand_parents[c].add(-1)
 
-    # states, finished filter
+    # states (plain lists: one call builds them for every graph node, tensors only for the kept rows),
+    # finished filter
+    root_list, tok_list = root.tolist(), tok.tolist()
     states = []
     alive = []
     for key in cand_keys:
-        st = root.clone()
-        pos = torch.tensor([order[r - 1] for r in sorted(key)], dtype=torch.long)
-        st[pos] = tok[pos]
+        st = list(root_list)
+        for r in key:
+            st[order[r - 1]] = tok_list[order[r - 1]]
         states.append(st)
         alive.append(not (is_finished is not None and is_finished(st)))
     # a finished candidate's descendants are finished too (supersets), so just drop them
@@ -336,11 +339,12 @@ def build_drafts(root: torch.Tensor, conf: torch.Tensor, tok: torch.Tensor, grap
         parents.append(tuple(ps))
     keep = prune_nodes(scores, parents, budget)
     row_of = {i: r + 1 for r, i in enumerate(keep)}  # candidate position -> row number
-    out_states, out_parents, out_keys = [], [], []
+    out_parents, out_keys = [], []
     for i in keep:
         c = idx[i]
         ps = [0 if p == -1 else row_of[p] for p in parents[i] if p == -1 or p in row_of]
-        out_states.append(states[c])
         out_parents.append(min(ps) if ps else 0)
         out_keys.append(tuple(sorted(cand_keys[c])))
-    return Drafts(out_states, out_parents, out_keys)
+    # one tensor for all kept rows (one torch.tensor call, not one per row), handed out as its rows
+    kept = torch.tensor([states[idx[i]] for i in keep], dtype=root.dtype).reshape(len(keep), root.numel())
+    return Drafts(list(kept.unbind(0)), out_parents, out_keys)

@@ -1,4 +1,5 @@
 import torch
+from hypothesis import given, strategies as hs
 
 from specfold_compile.decoding import block_finished, commit, rank_masked_positions, window_positions
 
@@ -72,3 +73,9 @@ def test_block_finished():
     assert not block_finished(st(5, M, 1, M), M, 4, 1)   # masked position before the eos
     assert not block_finished(st(5, 1, M, M), M, 4, None)
     assert block_finished(st(5, 6, 7, 8), M, 4, 1)
+
+
+@given(hs.lists(hs.integers(0, 4), min_size=1, max_size=12), hs.integers(0, 12), hs.sampled_from([None, 1, 2]))
+def test_block_finished_list_equals_tensor(tokens, need, eos):
+    """Drafts check their states as lists: the same answer as the tensor form (mask id 3 here)."""
+    assert block_finished(tokens, 3, need, eos) == block_finished(torch.tensor(tokens), 3, need, eos)
