@@ -673,6 +673,9 @@ def main(argv=None) -> int:
     if unknown:  # a filter that matches nothing would drop every SpecFold row without a word
         ap.error(f"--ratios: expected target ratios among {sorted(CHANGED_FOR_RATIO)}, got {unknown} "
                  "(the measured recompute ratios, e.g. 0.1875, are in the rows, not the targets)")
+    if args.fold_head and args.logit_fraction is not None:  # its rows would say fold_head for a dense head
+        ap.error("--fold-head with --logit-fraction: the head gate runs on every row; selected logits leave the "
+                 "head dense")
     if args.cpu_dry_run:
         global DEVICE, KERNELS
         DEVICE, KERNELS = "cpu", "torch"

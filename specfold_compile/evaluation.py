@@ -144,11 +144,12 @@ def _decode_kwargs(args, budget: int) -> dict:
 
 def decode_problems(model, target, mode: str, problems, *, max_new_tokens: int, threshold: float,
                     draft_budget: int, draft_graph, device: str = "cpu", progress: str | None = None,
-                    stats: bool = False) -> RunStats:
+                    stats: bool = False, all_logits: bool = False) -> RunStats:
     """Decode every problem with ``target`` (the eager model, the compiled model or a wrapper) and score.
 
     ``mode`` is the decoding mode of ``generate`` ("vanilla" or "spiffy"). With ``stats``, the whole run is
-    inside one ``collect_stats()`` and the overall recompute ratio is recorded.
+    inside one ``collect_stats()`` and the overall recompute ratio is recorded. ``all_logits``: as
+    ``generate``'s (a ``fold_head`` model needs every position's logits to gate its head).
     """
     from contextlib import nullcontext  # noqa: PLC0415
 
@@ -163,7 +164,8 @@ def decode_problems(model, target, mode: str, problems, *, max_new_tokens: int, 
         for i, p in enumerate(problems):
             ids = encode(model, p.prompt).to(device)
             res = generate(target, ids, mode=mode, max_new_tokens=max_new_tokens, threshold=threshold,
-                           draft_budget=draft_budget, draft_graph=draft_graph if mode == "spiffy" else None)
+                           draft_budget=draft_budget, draft_graph=draft_graph if mode == "spiffy" else None,
+                           all_logits=all_logits)
             out.tokens.append(list(res.tokens))
             out.nfe += res.nfe
             out.gen_tokens += len(res.tokens)
@@ -181,7 +183,7 @@ def decode_problems(model, target, mode: str, problems, *, max_new_tokens: int, 
 
 
 def warm_up(model, target, mode: str, *, max_new_tokens: int, threshold: float, draft_budget: int,
-            draft_graph, device: str = "cpu", n: int = 3, seed: int = 0) -> float:
+            draft_graph, device: str = "cpu", n: int = 3, seed: int = 0, all_logits: bool = False) -> float:
     """Decode a few calib-split prompts (one per task, different lengths) so that compilation and
     Dynamo's recompile for dynamic shapes happen before timing. Returns the seconds spent."""
     from .decoding import generate  # noqa: PLC0415
@@ -191,7 +193,8 @@ def warm_up(model, target, mode: str, *, max_new_tokens: int, threshold: float, 
     for k in range(n):
         p = sample(TASKS[k % len(TASKS)], "calib", 1, seed=seed + 1000 + k)[0]
         generate(target, encode(model, p.prompt).to(device), mode=mode, max_new_tokens=max_new_tokens,
-                 threshold=threshold, draft_budget=draft_budget, draft_graph=draft_graph if mode == "spiffy" else None)
+                 threshold=threshold, draft_budget=draft_budget, draft_graph=draft_graph if mode == "spiffy" else None,
+                 all_logits=all_logits)
     return time.perf_counter() - t0
 
 
@@ -220,6 +223,8 @@ def evaluate(model, tasks, modes, *, limit: int, tau: float = 0.1, draft_budgets
 
     compiled = compiled_model(model, tau, kernels, fold_head) if "specfold" in modes else None
     targets = {"vanilla": model, "spiffy": model, "specfold": compiled}
+    # fold_head gates the head on every row: it cannot act on the masked rows alone (logit_positions)
+    all_logits = {"vanilla": False, "spiffy": False, "specfold": fold_head}
     warm: dict[str, float] = {}
     graphs_before = _unique_graphs()
     for name, mode, b in variants:
@@ -227,7 +232,8 @@ def evaluate(model, tasks, modes, *, limit: int, tau: float = 0.1, draft_budgets
         if progress:
             print(f"warm-up {name} ...", file=sys.stderr)
         warm[name] = warm_up(model, targets[mode], gen_mode, max_new_tokens=max_new_tokens, threshold=threshold,
-                             draft_budget=b, draft_graph=draft_graph, device=device, seed=seed)
+                             draft_budget=b, draft_graph=draft_graph, device=device, seed=seed,
+                             all_logits=all_logits[mode])
     graphs_after_warmup = _unique_graphs()
 
     results: dict = {}
@@ -242,7 +248,8 @@ def evaluate(model, tasks, modes, *, limit: int, tau: float = 0.1, draft_budgets
             gen_mode = "vanilla" if mode == "vanilla" else "spiffy"
             run = decode_problems(model, targets[mode], gen_mode, problems, max_new_tokens=max_new_tokens,
                                   threshold=threshold, draft_budget=b, draft_graph=draft_graph, device=device,
-                                  progress=f"{task}/{name}" if progress else None, stats=mode == "specfold")
+                                  progress=f"{task}/{name}" if progress else None, stats=mode == "specfold",
+                                  all_logits=all_logits[mode])
             results[task][name] = run.summary()
             toks[name] = run.tokens
         if "vanilla" in toks:

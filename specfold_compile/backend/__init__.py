@@ -99,6 +99,10 @@ def compile_graph(gm: GraphModule, settings: SpecFoldSettings) -> GraphModule:
                     # the passes below rewrite gm in place: keep the graph as traced for the plain calls
                     # (shares gm's parameters and buffers; only the graph's nodes are copied)
                     analysis.fold_plan.traced = GraphModule(gm, copy.deepcopy(gm.graph))
+            if settings.fold_head and settings.fold and analysis.layers and analysis.head is None:
+                # asked for and not applied: say so (e.g. logits of selected positions only)
+                warnings.warn("specfold: fold_head=True, but no position-wise op reads the last layer's output "
+                              "(logit_positions selects rows before the head?): the head runs dense", stacklevel=2)
             if analysis.skip_reason:
                 log.debug("specfold: graph left unchanged: %s", analysis.skip_reason)
             elif analysis.blockers:

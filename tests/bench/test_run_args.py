@@ -40,7 +40,7 @@ def test_logit_fraction_per_check(tmp_path, monkeypatch, capsys):
     assert all(r.get("logit_fraction") == 0.5 for r in half) and not any("logit_fraction" in r for r in full)
     floors = [(a["ms"], b["ms"]) for a, b in zip(half, full) if a["mode"] == "floor"]
     assert floors and all(a <= b for a, b in floors) and any(a < b for a, b in floors)
-    for bad in ("0", "1.5", "half"):
+    for bad in (["0"], ["1.5"], ["half"], ["0.5", "--fold-head"]):
         with pytest.raises(SystemExit):
-            run.main(args + ["--logit-fraction", bad])
+            run.main(args + ["--logit-fraction", *bad])
         assert "--logit-fraction" in capsys.readouterr().err

@@ -28,22 +28,37 @@ def test_eval_writes_schema_and_spiffy_is_lossless(tmp_path, capsys):
 
 
 def test_eval_fold_head_reaches_the_backend(tmp_path, monkeypatch):
-    """``--fold-head`` compiles SpecFold with options["fold_head"] and says so in the report."""
+    """``--fold-head`` compiles SpecFold with options["fold_head"], asks it for every position's logits
+    (the head gate runs on every row; with only the masked rows' logits it could not) and says so in the
+    report. Without it, SpecFold gets the masked positions only."""
     from specfold_compile import evaluation
 
-    seen = []
+    seen, selected = [], []
     original = evaluation.compiled_model
+
+    class Spy:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def __call__(self, tokens, parents, cache, logit_positions=None):
+            selected.append(logit_positions is not None)
+            return self.inner(tokens, parents, cache, logit_positions)
 
     def recording(model, tau, kernels="torch", fold_head=False):
         seen.append(fold_head)
-        return original(model, tau, kernels, fold_head)
+        return Spy(original(model, tau, kernels, fold_head))
 
     monkeypatch.setattr(evaluation, "compiled_model", recording)
     for flag, want in (([], False), (["--fold-head"], True)):
         out = tmp_path / f"eval_{want}.json"
+        selected.clear()
         rc = main(["eval", "--tasks", "math", "--modes", "specfold", "--limit", "1", "--max-new-tokens", "32",
                    "--out", str(out), "--quiet", *flag])
         assert rc == 0 and seen[-1] is want
+        assert selected and all(s is not want for s in selected)
         d = json.loads(out.read_text())
         assert d["settings"]["fold_head"] is want and d["results"]["math"]["specfold"]["n"] == 1
 
