@@ -1,8 +1,10 @@
 """The greedy threshold commit rule (SPEC.md section 1) and the confidence ranking used by drafts.
 
 All bookkeeping here runs on small CPU tensors: a block state is an int64 tensor ``[B]`` holding
-``mask_token_id`` at still-masked positions; ``conf`` / ``tok`` are the per-position top-1 softmax
-probability (float32) and argmax token of one row's logits.
+``mask_token_id`` at still-masked positions (``block_finished`` also takes it as a list of ints, as the
+drafts check theirs); ``conf`` / ``tok`` are the per-position top-1 softmax probability (float32) and
+argmax token of one row's logits (read at masked positions only: the decode loop leaves the others at
+conf 0 and the mask token).
 """
 
 from __future__ import annotations

@@ -85,7 +85,8 @@ def _check_int(name, v, lo):
         raise ValueError(f"{name} must be >= {lo}, got {v}")
 
 
-def _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes=False):
+def _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes=False,
+              all_logits=False):
     if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     _check_int("max_new_tokens", max_new_tokens, 1)
@@ -104,6 +105,8 @@ def _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at
         raise TypeError(f"stop_at_eos must be a bool, got {type(stop_at_eos).__name__}")
     if not isinstance(compile_writes, bool):
         raise TypeError(f"compile_writes must be a bool, got {type(compile_writes).__name__}")
+    if not isinstance(all_logits, bool):
+        raise TypeError(f"all_logits must be a bool, got {type(all_logits).__name__}")
 
 
 def _model_consts(model):
@@ -147,7 +150,18 @@ def _verify(model, rows: torch.Tensor, parents: list[int], cache, mask_id: int, 
     masked = (rows == mask_id).flatten().nonzero().flatten()
     positions = masked.to(dev)
     mark_dynamic_shapes(tokens, parent_ids, cache, positions)
-    conf_m, tok_m = confidence(model(tokens, parent_ids, cache, logit_positions=positions), mask_id)
+    try:
+        logits = model(tokens, parent_ids, cache, logit_positions=positions)
+    except TypeError as exc:
+        if "logit_positions" not in str(exc):
+            raise
+        raise TypeError(f"model: its forward takes no logit_positions ({exc}); pass generate(..., all_logits=True) "
+                        "to call model(tokens, parents, cache)") from exc
+    if logits.dim() != 2 or logits.shape[0] != masked.numel():
+        raise ValueError(f"model: expected logits [M={masked.numel()}, V] for logit_positions, got "
+                         f"{tuple(logits.shape)}; a model that ignores logit_positions needs generate(..., "
+                         "all_logits=True)")
+    conf_m, tok_m = confidence(logits, mask_id)
     conf = torch.zeros(rows.numel(), dtype=torch.float32)
     tok = torch.full((rows.numel(),), mask_id, dtype=torch.long)
     conf[masked], tok[masked] = conf_m.cpu(), tok_m.cpu()
@@ -248,9 +262,7 @@ def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla", max_new_tok
     model whose forward takes no ``logit_positions``. By default it computes the masked positions' only
     (about half the rows of a multi-branch call): the same tokens, a smaller LM head and softmax.
     """
-    _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes)
-    if not isinstance(all_logits, bool):
-        raise TypeError(f"all_logits must be a bool, got {type(all_logits).__name__}")
+    _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes, all_logits)
     B = int(model.config.block_size)
     graph = None
     if mode == "spiffy":

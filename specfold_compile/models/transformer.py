@@ -360,8 +360,9 @@ class BlockDiffusionLM(nn.Module):
 
     def check_inputs(self, tokens: Tensor, parents: Tensor, cache: PrefixCache,
                      logit_positions: Tensor | None = None) -> None:
-        """Shape checks always; data checks (token range, parent order) in eager mode only, since they
-        read values back to the host, which a compiled, graph-captured forward must not do."""
+        """Shape, dtype and device checks always; data checks (token range, parent order, the range of
+        ``logit_positions``) in eager mode only, since they read values back to the host, which a
+        compiled, graph-captured forward must not do."""
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.int64:
             raise TypeError(f"tokens: expected an int64 tensor [N, B], got "
                             f"{getattr(tokens, 'dtype', type(tokens))} of shape {tuple(getattr(tokens, 'shape', ()))}")
@@ -383,6 +384,9 @@ class BlockDiffusionLM(nn.Module):
             raise TypeError(f"logit_positions: expected None or an int64 tensor [M] of flat positions n * B + p, "
                             f"got {getattr(logit_positions, 'dtype', type(logit_positions))} of shape "
                             f"{tuple(getattr(logit_positions, 'shape', ()))}")
+        if logit_positions is not None and logit_positions.device != tokens.device:
+            raise ValueError(f"logit_positions: expected the device of tokens ({tokens.device}), got "
+                             f"{logit_positions.device}")
         if torch.compiler.is_compiling():
             return
         validate_parents(parents)

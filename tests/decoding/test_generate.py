@@ -200,3 +200,27 @@ def test_masked_logits_only(B, sb, V):
                 [(s.branches, s.accepted, s.parents) for s in full.steps]
     with pytest.raises(TypeError, match="all_logits"):
         generate(FakeModel(block_size=8, sub_block_size=4), prompt(1), all_logits=1)
+
+
+def test_model_without_logit_positions_gets_a_hint():
+    """A model whose forward takes no logit_positions, or ignores it, fails with a pointer to
+    all_logits=True, and decodes with it."""
+    m = FakeModel(block_size=8, sub_block_size=4, seed=2)
+
+    class Old:
+        config = m.config
+        prefill = staticmethod(m.prefill)
+        write_block = staticmethod(m.write_block)
+
+        def __call__(self, tokens, parents, cache):
+            return m(tokens, parents, cache)
+
+    class Ignores(Old):
+        def __call__(self, tokens, parents, cache, logit_positions=None):
+            return m(tokens, parents, cache)
+
+    for model in (Old(), Ignores()):
+        with pytest.raises((TypeError, ValueError), match=r"^model: .*all_logits=True"):
+            generate(model, prompt(1, 2), max_new_tokens=8)
+        assert generate(model, prompt(1, 2), max_new_tokens=8, all_logits=True).tokens == \
+            generate(m, prompt(1, 2), max_new_tokens=8).tokens

@@ -39,6 +39,7 @@ def test_p5_real_tiny(model):
             full = generate(model, p, mode="spiffy", max_new_tokens=48, threshold=th, draft_budget=8,
                             all_logits=True)
             assert full.tokens == s.tokens and full.nfe == s.nfe
+            assert [st.accepted for st in full.steps] == [st.accepted for st in s.steps]
             assert s.nfe <= v.nfe
             tot_v += v.nfe
             tot_s += s.nfe

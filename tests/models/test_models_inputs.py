@@ -144,6 +144,7 @@ def test_bad_logit_positions(setup):
             (3, model.config.vocab_size)
         for bad, exc in [(torch.tensor([0.0]), TypeError), (torch.tensor([[0]]), TypeError), ([0, 1], TypeError),
                          (torch.tensor([0], dtype=torch.int32), TypeError),
-                         (torch.tensor([tokens.numel()]), ValueError), (torch.tensor([-1]), ValueError)]:
+                         (torch.tensor([tokens.numel()]), ValueError), (torch.tensor([-1]), ValueError),
+                         (torch.zeros(1, dtype=torch.int64, device="meta"), ValueError)]:
             with pytest.raises(exc, match=r"^logit_positions"):
                 model(tokens, parents, cache, logit_positions=bad)
