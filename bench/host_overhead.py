@@ -7,7 +7,8 @@ time of each run into: the model's forwards (verification calls, and prefill + b
 ``_verify``'s own host work around the forward (masked positions, confidence, the copy back), the
 drafts (``build_drafts``) and the rest of the loop (commit walk, finished checks, stacking rows). The
 drafts are also replayed alone on the recorded inputs (best of 7 passes: ms per draft build, the number
-to compare between commits on a noisy machine).
+to compare between commits on a noisy machine). Also: the share of the rows of multi-branch calls whose
+logits the decoder asks for (the masked positions: what the LM head computes).
 Everything but the forwards runs on the host whatever the model's size, so on a GPU it adds to every
 call unless it overlaps the GPU's work (the decode loop is synchronous: it does not).
 
@@ -46,16 +47,21 @@ class _Timed:
 
 
 class _TimedModel:
-    """The model as the decoder sees it, its forwards and writes timed."""
+    """The model as the decoder sees it, its forwards and writes timed; counts the rows of multi-branch
+    calls and the logits the decoder asks for there (``logit_positions``)."""
 
     def __init__(self, model, timed: _Timed) -> None:
         self.config = model.config
         self.forward = timed.wrap("forward", model, count=True)
         self.prefill = timed.wrap("writes", model.prefill)
         self.write_block = timed.wrap("writes", model.write_block)
+        self.multi_rows = self.multi_logit_rows = 0
 
-    def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+    def __call__(self, tokens, parents, cache, logit_positions=None):
+        if tokens.shape[0] > 1:
+            self.multi_rows += tokens.numel()
+            self.multi_logit_rows += tokens.numel() if logit_positions is None else logit_positions.numel()
+        return self.forward(tokens, parents, cache, logit_positions=logit_positions)
 
 
 def measure(model, problems, graph, budget: int = 16) -> dict:
@@ -93,7 +99,8 @@ def measure(model, problems, graph, budget: int = 16) -> dict:
     parts["loop"] = wall - s.get("verify", 0.0) - parts["drafts"] - s.get("writes", 0.0)
     return {"calls": timed.calls, **{f"{k}_ms_per_call": 1e3 * v / calls for k, v in parts.items()},
             "host_ms_per_call": 1e3 * (parts["verify_host"] + parts["drafts"] + parts["loop"]) / calls,
-            "draft_builds": len(recorded), "drafts_replay_ms_per_build": 1e3 * replay / max(1, len(recorded))}
+            "draft_builds": len(recorded), "drafts_replay_ms_per_build": 1e3 * replay / max(1, len(recorded)),
+            "masked_share_multi_branch": target.multi_logit_rows / max(1, target.multi_rows)}
 
 
 def _seconds(fn) -> float:

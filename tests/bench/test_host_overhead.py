@@ -15,4 +15,5 @@ def test_host_overhead_rows(tmp_path, capsys):
     parts = [row[f"{k}_ms_per_call"] for k in ("verify_host", "drafts", "loop")]
     assert all(p > 0 for p in parts) and row["forward_ms_per_call"] > 0
     assert abs(sum(parts) - row["host_ms_per_call"]) < 1e-9
+    assert 0 < row["masked_share_multi_branch"] < 1
     assert '"task": "math"' in capsys.readouterr().out
