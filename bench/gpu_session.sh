@@ -92,7 +92,7 @@ case "$part" in
                     rm -f "$OUT/frac_$f/per_check.png"
                   done ;;
   logit_positions) # per_check at prefix 512 with every position's logits and with half of them (--logit-fraction
-                  # 0.5: the decode loop asks for the masked positions' only, ~half of a multi-branch call's rows),
+                  # 0.5; the decode loop asks for the masked positions' only, 59-62% of a multi-branch call's rows),
                   # back to back, every mode (~4-5 min a variant; session 12): bash bench/gpu_session.sh
                   # logit_positions --models NAME [--ratios ...]
                   for f in all 0.5; do

@@ -638,7 +638,7 @@ def main(argv=None) -> int:
                     help="SpecFold options['fold_min_branches'] (per_check; default None: the cost model)")
     ap.add_argument("--logit-fraction", type=_fraction, default=None,
                     help="per_check: logits of this fraction of the N x B positions only (logit_positions; the "
-                         "decode loop asks for the masked ones, about half of a multi-branch call's); rows get "
+                         "decode loop asks for the masked ones, 59-62%% of a multi-branch call's); rows get "
                          "logit_fraction. Default: every position's")
     ap.add_argument("--fold-head", action="store_true", help="per_check: SpecFold with options['fold_head'] (its rows get fold_head=true)")
     ap.add_argument("--no-fuse-projections", dest="fuse_projections", action="store_false",

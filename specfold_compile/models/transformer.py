@@ -327,8 +327,9 @@ class BlockDiffusionLM(nn.Module):
 
         ``logit_positions`` (int64 [M], flat indices ``n * B + p``): return only those positions' logits,
         [M, V] in the given order (HF's ``logits_to_keep``). The decode loop reads the logits of masked
-        positions only, about half the rows of a multi-branch call; the final norm and LM head then run
-        on those rows alone. Every layer still runs on every row (the block attends bidirectionally).
+        positions only (59-62% of a multi-branch call's rows on the trained model); the final norm and LM
+        head then run on those rows alone. Every layer still runs on every row (the block attends
+        bidirectionally).
         """
         self.check_inputs(tokens, parents, cache, logit_positions)
         return self.verify(tokens, parents, cache, logit_positions)
