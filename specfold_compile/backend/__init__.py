@@ -18,12 +18,14 @@ from torch.fx import GraphModule
 
 from .. import passes
 from . import dispatch
+from .dispatch import fold_launched_calls
 from .settings import SpecFoldSettings
 from .stats import FoldStats, collect_stats
 
 log = logging.getLogger("specfold_compile")
 
-__all__ = ["specfold_backend", "compile_graph", "SpecFoldSettings", "SpecFoldError", "collect_stats", "FoldStats"]
+__all__ = ["specfold_backend", "compile_graph", "SpecFoldSettings", "SpecFoldError", "collect_stats", "FoldStats",
+           "fold_launched_calls"]
 
 
 class SpecFoldError(RuntimeError):

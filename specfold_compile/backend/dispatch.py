@@ -6,10 +6,21 @@ linears are bandwidth-bound and skipping rows saves nothing: the launches are pu
 session 4: SpecFold 1.02-1.11x dense under Inductor at N = 5). So the backend decides per call, on the
 host, from N alone (no device value is read): ``FoldPlan.fold_at(n)``. When some branch counts fold
 and others do not, the plain graph is compiled alongside the folded one and ``FoldDispatch`` picks.
+
+The cost model counts GPU time, which is what a call costs when it is replayed from a CUDA graph.
+Launched from the host instead, a call costs its host work, and a folded forward's is much larger:
+on the H200's host, 507 launches and 168 custom ops, 36-38 ms a forward at 1.5B and 7B, against
+10-14 ms for the plain graph under Inductor (which takes 2-15 ms on the GPU): launched folded calls
+were 2.1-2.7x slower than plain ones (README "Launched calls"). So with the cost model (and
+``fold_launched=False``, the default) a call folds only while it is being captured into a CUDA graph;
+launched, it runs the plain graph. The first launched call at each N also runs the folded graph once,
+unrecorded and its result dropped, so that the folded graph's first run (autotuning) happens outside
+any capture that follows; launched results are always the plain graph's.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -36,8 +47,12 @@ class FoldPlan:
     description: str = ""
     decisions: dict[int, bool] = field(default_factory=dict)
     traced: GraphModule | None = None  # with "both": the graph before the rewrite, for the plain calls
+    launched_plain: bool = False  # calls launched from the host (not captured) run the plain graph
+    static_n: int | None = None  # N of a static-N graph (branches() without an input carrying N)
 
-    def branches(self, args: tuple[Any, ...]) -> int:
+    def branches(self, args: tuple[Any, ...]) -> int | None:
+        if self.n_input is None:
+            return self.static_n
         a = args[self.n_input]
         return int(a.shape[0]) if self.n_is_dim else int(a)
 
@@ -99,10 +114,14 @@ def fold_plan(gm: GraphModule, settings: Any) -> FoldPlan:
     n, block = marker_value.shape[0], marker_value.shape[1]
     k = settings.fold_min_branches
     impl = resolve_impl(settings.kernels, marker_value.device.type)
+    cost_model = k is None and _cost_model_applies(impl, marker_value.device.type) and type(block) is int
+    launched_plain = cost_model and not settings.fold_launched
+    launched = ("; launched calls (not captured in a CUDA graph) run the plain graph after the first at each N "
+                "(fold_launched=False)") if launched_plain else ""
     if k is not None:
         fold_at = lambda b: b >= k  # noqa: E731
         why = f"fold_min_branches={k}: fold calls with N >= {k}"
-    elif _cost_model_applies(impl, marker_value.device.type) and type(block) is int:
+    elif cost_model:
         shapes, itemsize = _weight_shapes(analysis)
         regions = len(analysis.layers) + (analysis.head is not None)
         memo: dict[int, bool] = {}
@@ -118,24 +137,30 @@ def fold_plan(gm: GraphModule, settings: Any) -> FoldPlan:
         why = f"fold every multi-branch call (no cost model for kernels={impl} on {marker_value.device.type})"
     if type(n) is int:
         folds = fold_at(n)
-        return FoldPlan(fold_at, "folded" if folds else "plain", description=(
-            f"{why}; N = {n} (static): {'folded' if folds else 'not folded, the plain graph runs'}"),
-            decisions={n: folds})
+        both = folds and launched_plain  # the plain graph too, for launched calls
+        return FoldPlan(fold_at, "both" if both else "folded" if folds else "plain", description=(
+            f"{why}; N = {n} (static): {'folded' if folds else 'not folded, the plain graph runs'}"
+            f"{launched if both else ''}"), decisions={n: folds}, launched_plain=both, static_n=n)
     decisions = {b: fold_at(b) for b in range(2, MAX_PLANNED_BRANCHES + 1)}
     folded = sorted(b for b, f in decisions.items() if f)
-    if len(folded) == len(decisions):
-        return FoldPlan(fold_at, "folded", description=f"{why}; every N folds", decisions=decisions)
     if not folded:
         return FoldPlan(fold_at, "plain", description=(
             f"{why}; no N up to {MAX_PLANNED_BRANCHES} folds: the plain graph runs"), decisions=decisions)
+    if len(folded) == len(decisions) and not launched_plain:
+        return FoldPlan(fold_at, "folded", description=f"{why}; every N folds", decisions=decisions)
     index, is_dim = _n_input(gm, n)
     if index is None:
-        return FoldPlan(lambda b: True, "folded", description=(
-            f"{why}; but no graph input carries N, so every call folds"), decisions=decisions)
+        if not launched_plain:
+            return FoldPlan(lambda b: True, "folded", description=(
+                f"{why}; but no graph input carries N, so every call folds"), decisions=decisions)
+        return FoldPlan(lambda b: True, "both", description=(
+            f"{why}; but no graph input carries N, so every captured call folds{launched}"),
+            decisions=decisions, launched_plain=True)
     plain = [b for b, f in decisions.items() if not f]
+    where = f"folded from N = {folded[0]} (plain at N = {_ranges(plain)})" if plain else "every N folds"
     return FoldPlan(fold_at, "both", index, is_dim, description=(
-        f"{why}; folded from N = {folded[0]} (plain at N = {_ranges(plain)}): plain graph compiled alongside"),
-        decisions=decisions)
+        f"{why}; {where}: plain graph compiled alongside{launched}"), decisions=decisions,
+        launched_plain=launched_plain)
 
 
 def _ranges(values: list[int]) -> str:
@@ -149,14 +174,43 @@ def _ranges(values: list[int]) -> str:
     return ", ".join(out)
 
 
+_fold_launched_depth = [0]
+
+
+@contextlib.contextmanager
+def fold_launched_calls():
+    """Inside it, launched calls fold wherever captured ones would (as with ``fold_launched=True``): for
+    ``collect_stats`` on calls that would otherwise run the plain graph, or to time them folded."""
+    _fold_launched_depth[0] += 1
+    try:
+        yield
+    finally:
+        _fold_launched_depth[0] -= 1
+
+
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a CUDA graph (False without CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 class FoldDispatch:
-    """Runs the folded or the plain compiled graph, by the call's branch count."""
+    """Runs the folded or the plain compiled graph, by the call's branch count and, with
+    ``plan.launched_plain``, by whether the call is being captured into a CUDA graph."""
 
     def __init__(self, folded: Callable, plain: Callable, plan: FoldPlan) -> None:
         self.folded, self.plain, self.plan = folded, plain, plan
+        self.warm: set[int | None] = set()  # Ns at which the folded graph has run
 
     def __call__(self, *args: Any) -> Any:
-        if self.plan.fold_at(self.plan.branches(args)):
-            return self.folded(*args)
+        n = self.plan.branches(args)
+        if self.plan.fold_at(n):
+            if not self.plan.launched_plain or _fold_launched_depth[0] or capturing():
+                self.warm.add(n)
+                return self.folded(*args)
+            if n not in self.warm:  # warm the folded graph for a later capture (its result is not used)
+                with stats.suspended():
+                    self.folded(*args)
+                self.warm.add(n)
+            stats.record_launched_plain_call()
         stats.record_plain_call()
         return self.plain(*args)

@@ -71,6 +71,16 @@ class SpecFoldSettings:
                           branches the linears are bandwidth-bound and folding only adds launches);
                           elsewhere (CPU, kernels="torch") fold every multi-branch call. An int k:
                           fold calls with N >= k, run the plain graph below (2 = fold every call).
+    fold_launched:        with the cost model (fold_min_branches None, Triton kernels on CUDA): whether
+                          a call it folds also folds when launched from the host rather than captured
+                          in a CUDA graph. False (default): launched calls run the plain graph (the
+                          first at each N also runs the folded one once, its result dropped, to warm it,
+                          autotuning included, for a later capture). A folded forward's host work is
+                          what a launched call costs:
+                          on the H200's host 36-38 ms against 10-14 ms for the plain graph, at 1.5B and
+                          7B, 2.1-2.7x slower launched (session 13, README "Launched calls"); replayed
+                          from a CUDA graph it is 0.5-0.8x the plain graph. True: fold launched calls too.
+                          Inside ``backend.fold_launched_calls()`` launched calls fold either way.
     """
 
     tau: float = 0.1
@@ -88,6 +98,7 @@ class SpecFoldSettings:
     min_spill_us: float = 2.0
     count_aware_swiglu: bool = True
     fold_min_branches: int | None = None
+    fold_launched: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -103,7 +114,8 @@ class SpecFoldSettings:
             raise ValueError(f"options['gate_flags']: expected one of {GATE_FLAGS}, got {self.gate_flags!r}")
         if self.kernels not in KERNELS:
             raise ValueError(f"options['kernels']: expected one of {KERNELS}, got {self.kernels!r}")
-        for name in ("strict", "fold", "pack", "attention_correction", "fold_head", "count_aware_swiglu"):
+        for name in ("strict", "fold", "pack", "attention_correction", "fold_head", "count_aware_swiglu",
+                     "fold_launched"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"options[{name!r}]: expected a bool, got {getattr(self, name)!r}")
         if self.inductor is not None and not isinstance(self.inductor, bool):

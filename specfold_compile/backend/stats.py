@@ -37,7 +37,8 @@ class FoldStats:
         self._layers: list[LayerStats] = []
         self._last_masks: list[Tensor] = []
         self.calls = 0
-        self.plain_calls = 0  # calls the backend ran on the plain graph (too few branches to pay)
+        self.plain_calls = 0  # calls the backend ran on the plain graph (too few branches, or launched)
+        self.launched_plain_calls = 0  # of those: calls that fold when captured, run plain as launched
 
     def _record(self, gate_index: int, fold: Tensor, parents: Tensor) -> None:
         if gate_index == 0:
@@ -111,6 +112,22 @@ def record_gate(gate_index: int, fold: Tensor, parents: Tensor) -> None:
 def record_plain_call() -> None:
     for s in _active:
         s.plain_calls += 1
+
+
+def record_launched_plain_call() -> None:
+    for s in _active:
+        s.launched_plain_calls += 1
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Nothing is recorded inside (a call whose result is not returned, such as a warm-up)."""
+    saved = _active[:]
+    _active.clear()
+    try:
+        yield
+    finally:
+        _active[:] = saved
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ import torch._dynamo
 
 from sf_helpers import CountingBackend, ModelSpec, assert_close, capture_graph, make_cache, make_tree
 from specfold_compile import fold_ops
-from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph, dispatch
+from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph, dispatch, stats
 from specfold_compile.decoding import mark_dynamic_shapes
 from specfold_compile.reference import folded_verify
 
@@ -119,3 +119,76 @@ def test_cost_model_matches_the_measured_crossovers(shape, folds_at, not_at):
     assert pays(folds_at) and not pays(not_at)
     # bandwidth-bound (every row reads the same weights): no saving at all
     assert fold_ops.fold_saving_us(4 * cfg.block_size, shapes, defaults.dense_fraction, defaults.min_spill_us) == 0.0
+
+
+def test_launched_calls_run_plain_unless_captured_or_first(monkeypatch):
+    """With launched_plain, a call the plan folds runs the folded graph when it is being captured or inside
+    fold_launched_calls(), else the plain one; the first launched call at an N whose folded graph has not
+    run also runs it once (unrecorded, result dropped) to warm it for a capture."""
+    ran = []
+
+    def folded(x):
+        stats.record_gate(0, torch.zeros(2, 2, dtype=torch.bool), torch.tensor([-1, 0]))
+        ran.append("folded")
+        return "folded"
+
+    plan = dispatch.FoldPlan(lambda b: b >= 4, "both", n_input=0, launched_plain=True)
+    fd = dispatch.FoldDispatch(folded, lambda x: ran.append("plain") or "plain", plan)
+    capturing = [False]
+    monkeypatch.setattr(dispatch, "capturing", lambda: capturing[0])
+    rows = lambda n: torch.zeros(n, 2)  # noqa: E731  (input 0 carries N)
+    with collect_stats() as s:
+        assert [fd(rows(n)) for n in (5, 5, 3, 5, 6)] == ["plain"] * 5
+    assert ran == ["folded", "plain", "plain", "plain", "plain", "folded", "plain"]  # warm-ups at 5 and 6
+    assert (s.calls, s.plain_calls, s.launched_plain_calls) == (0, 5, 4)  # warm-ups are not recorded
+    ran.clear()
+    capturing[0] = True
+    assert (fd(rows(5)), fd(rows(3))) == ("folded", "plain")
+    capturing[0] = False
+    with dispatch.fold_launched_calls(), collect_stats() as s:
+        assert fd(rows(7)) == "folded"
+    assert fd(rows(7)) == "plain" and s.calls == 1
+    assert ran == ["folded", "plain", "folded", "plain"]  # 7 was warmed by the forced call
+    # a plan without launched_plain (fold_launched=True, or no cost model) folds launched calls too
+    ran.clear()
+    fd = dispatch.FoldDispatch(folded, lambda x: ran.append("plain"), dispatch.FoldPlan(lambda b: b >= 4, "both", n_input=0))
+    for n in (5, 5, 3):
+        fd(rows(n))
+    assert ran == ["folded", "folded", "plain"]
+
+
+def test_cost_model_plans_plain_launched_calls(model_cache, monkeypatch):
+    """The cost model's plan compiles the plain graph for launched calls even where every N folds
+    (fold_launched=False), and not with fold_launched=True; the report says which."""
+    model, cache = model_cache
+    monkeypatch.setattr(dispatch, "cost_model_folds", lambda n, *args, **kwargs: True)  # every N pays
+    plan = _cost_model_plan(model, cache, monkeypatch, 0.0)
+    assert all(plan.decisions.values()) and plan.variants == "both" and plan.launched_plain
+    assert "launched calls" in plan.description and "every N folds" in plan.description
+    plan = _cost_model_plan(model, cache, monkeypatch, 0.0, fold_launched=True)
+    assert plan.variants == "folded" and not plan.launched_plain
+    # fold_min_branches bypasses the cost model: launched calls fold as asked
+    plan = _cost_model_plan(model, cache, monkeypatch, 0.0, fold_min_branches=2)
+    assert plan.variants == "folded" and not plan.launched_plain
+    with pytest.raises(TypeError, match="fold_launched"):
+        SpecFoldSettings(fold_launched="yes")
+
+
+def test_launched_calls_through_torch_compile(model_cache, monkeypatch):
+    """End to end on the CPU with the cost model forced on (it applies to Triton on CUDA): launched calls
+    return the plain graph's output (the first at an N warms the folded graph, unrecorded),
+    fold_launched_calls() folds; every output is right for what ran."""
+    model, cache = model_cache
+    monkeypatch.setattr(dispatch, "_cost_model_applies", lambda impl, device: True)
+    monkeypatch.setattr(dispatch, "cost_model_folds", lambda n, *args, **kwargs: n >= 3)
+    backend = CountingBackend(tau=0.3, kernels="torch")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    seen = []
+    for n_rows, s in _calls(compiled, model, cache, (4, 4), 0.3):
+        seen.append((s.calls, s.plain_calls, s.launched_plain_calls))
+    with dispatch.fold_launched_calls():
+        for n_rows, s in _calls(compiled, model, cache, (4,), 0.3):
+            seen.append((s.calls, s.plain_calls, s.launched_plain_calls))
+    assert seen == [(0, 1, 1), (0, 1, 1), (1, 0, 0)], seen
+    assert backend.graphs[0].meta["specfold"].fold_plan.launched_plain
