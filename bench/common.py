@@ -1,4 +1,4 @@
-"""Shared pieces of the GPU benchmarks: versions, CUDA-graph timing, draft trees, floors."""
+"""Shared pieces of the GPU benchmarks: versions, CUDA-graph and launched timing, draft trees, floors."""
 
 from __future__ import annotations
 
@@ -83,6 +83,24 @@ def time_cuda_graph(fn: Callable[[], Any], replays: int = 30, warmup: int = 3) -
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times), captured
+
+
+def time_launched(fn: Callable[[], Any], calls: int = 10, warmup: int = 2) -> float:
+    """Median wall-clock ms of plain calls of ``fn``, each waited for (``torch.cuda.synchronize``): what a
+    decode loop without CUDA graphs pays per verification call, which reads the call's logits before it
+    builds the next one. Host dispatch (guards, Python, kernel launches) counts here, while
+    ``time_cuda_graph`` replays the captured kernels only."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
 
 
 def draft_tree(n_rows: int) -> list[int]:

@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -37,6 +37,14 @@ case "$part" in
   breakdown)      # where one forward's kernel time goes at the current defaults: N = 1 and 17, dense eager,
                   # dense under Inductor, SpecFold
                   run --suite breakdown --breakdown-modes dense,dense_compiled,specfold --ns 1,17 --models fast-dllm-v2-1.5b ;;
+  launched)       # session 13: CUDA-graph and launched latency (plain calls each waited for, as generate runs them)
+                  # at the decode loop's share of logits (59-62%), every N it decodes with, and the block writes: the
+                  # table bench.project replays both ways (~7 min a shape): bash bench/gpu_session.sh launched --models NAME
+                  run --suite per_check --prefixes 512 --ns 1,5,9,13,17 --ratios 0.1,0.25,0.5,0.6 --logit-fraction 0.6 \
+                    --budget 330
+                  run --suite writes --prefixes 512 --budget 150 ;;
+  launch)         # where a launched call's host time goes (dense under Inductor and SpecFold, N = 1 and 17, ~3 min a shape)
+                  run --suite launch --logit-fraction 0.6 ;;
   end_to_end)     run --suite end_to_end --limit 20 --draft-budget 16 --latencies bench/results/h200/per_check.json --budget 300 ;;
   kernels)        for k in gate attention; do
                     python bench/kernels/bench_$k.py --out "$OUT/bench_$k.json" 2>&1 | tail -n 3 | tee -a "$OUT/log.txt"

@@ -40,6 +40,9 @@ from specfold_compile.backend.dispatch import cost_model_folds
 from specfold_compile.models.config import PRESETS
 
 SHAPES = ("fast-dllm-v2-1.5b", "fast-dllm-v2-7b")
+# Which per_check field a projection charges: CUDA-graph replays, or plain calls each waited for (what a
+# decode loop without CUDA graphs, such as ``generate``, pays; bench.common.time_launched).
+LATENCIES = ("ms", "launched_ms")
 
 
 def backend_folds(shape: str, n: int) -> bool:
@@ -50,23 +53,27 @@ def backend_folds(shape: str, n: int) -> bool:
     return cost_model_folds(n, cfg.block_size, shapes, cfg.num_layers, SpecFoldSettings())
 
 
-def table_from_per_check(rows: list[dict], shape: str, prefix: int = 512) -> dict:
+def table_from_per_check(rows: list[dict], shape: str, prefix: int = 512, latency: str = "ms") -> dict:
     """Latencies of one model shape and prefix: {"dense": {N: ms}, "dense_compiled": {N: ms},
-    "specfold": {N: [(ratio, ms), ...]} for N > 1 (calls that folded), "specfold_n1": ms or None}."""
+    "specfold": {N: [(ratio, ms), ...]} for N > 1 (calls that folded), "specfold_n1": ms or None}.
+    ``latency`` names the rows' field to read: ``ms`` (CUDA-graph replays) or ``launched_ms`` (plain
+    calls each waited for, host dispatch included); rows without it are left out."""
+    if latency not in LATENCIES:
+        raise ValueError(f"latency: expected one of {LATENCIES}, got {latency!r}")
     table: dict = {"dense": {}, "dense_compiled": {}, "specfold": {}, "specfold_n1": None, "write": None,
                    "write_compiled": None}
     for r in rows:
-        if r.get("model") != shape or r.get("prefix") != prefix or "ms" not in r:
+        if r.get("model") != shape or r.get("prefix") != prefix or latency not in r:
             continue
-        n = r["n_branches"]
+        n, ms = r["n_branches"], r[latency]
         if r["mode"] in ("dense", "dense_compiled"):
-            table[r["mode"]][n] = r["ms"]
+            table[r["mode"]][n] = ms
         elif r["mode"] in ("write", "write_compiled"):
-            table[r["mode"]] = r["ms"]
+            table[r["mode"]] = ms
         elif r["mode"] == "specfold" and n == 1:
-            table["specfold_n1"] = r["ms"]
+            table["specfold_n1"] = ms
         elif r["mode"] == "specfold" and r.get("folded", True):
-            table["specfold"].setdefault(n, []).append((r["recompute_ratio"], r["ms"]))
+            table["specfold"].setdefault(n, []).append((r["recompute_ratio"], ms))
     for points in table["specfold"].values():
         points.sort()
     return table
@@ -119,10 +126,12 @@ def write_ms(table: dict, compiled: bool) -> float:
     return call_ms(table, 1, 1.0, folded=False)
 
 
-def project(run_rows: list[dict], table: dict, shape: str) -> list[dict]:
+def project(run_rows: list[dict], table: dict, shape: str, latency: str = "ms") -> list[dict]:
     """One projected row per measured (task, mode) row that carries its calls, plus ``spiffy_compiled``
     rows from the Spiffy run where no run measured it and the table's dense_compiled latencies cover the
-    Spiffy run's branch counts."""
+    Spiffy run's branch counts. ``latency``: the field the table was read from (labels the rows: kind
+    "projected" for CUDA-graph latencies, "projected, launched" for launched ones)."""
+    kind = "projected" if latency == "ms" else "projected, launched"
     out = []
     measured = {(r["task"], r["mode"]) for r in run_rows if r.get("calls") and not r.get("kind", "").startswith("projected")}
     for r in run_rows:
@@ -141,10 +150,20 @@ def project(run_rows: list[dict], table: dict, shape: str) -> list[dict]:
             other_ms = write_ms(table, compiled_writes)
             total = sum(call_ms(table, n, ratio, folded, compiled, shape) for n, ratio in r["calls"])
             total += (r["forwards"] - len(r["calls"])) * other_ms
-            out.append({"task": r["task"], "mode": mode, "shape": shape, "kind": "projected",
+            out.append({"task": r["task"], "mode": mode, "shape": shape, "kind": kind, "latency": latency,
                         "projected_tokens_per_s": r["tokens"] / (total / 1e3), "projected_ms": total,
                         "write_ms": other_ms, "compile_writes": compiled_writes,
                         "nfe": r["nfe"], "accuracy": r["accuracy"]})
+    return out
+
+
+def project_all(run_rows: list[dict], per_check: list[dict], prefix: int = 512, latency: str = "ms") -> list[dict]:
+    """``project`` at every shape of SHAPES whose per_check rows have dense and SpecFold latencies."""
+    out = []
+    for shape in SHAPES:
+        table = table_from_per_check(per_check, shape, prefix, latency)
+        if table["dense"] and table["specfold"]:
+            out += project(run_rows, table, shape, latency)
     return out
 
 
@@ -162,6 +181,9 @@ def main(argv=None) -> int:
     ap.add_argument("end_to_end")
     ap.add_argument("per_check")
     ap.add_argument("--prefix", type=int, default=512)
+    ap.add_argument("--latency", choices=LATENCIES, action="append", default=None,
+                    help="per_check field to charge (repeatable; default: ms, and launched_ms too where the "
+                         "table has it)")
     ap.add_argument("--specfold-from", action="append", default=[], metavar="RUN.json",
                     help="per_check run whose SpecFold rows replace PER_CHECK's at the same model, prefix and N")
     args = ap.parse_args(argv)
@@ -169,19 +191,18 @@ def main(argv=None) -> int:
     per_check = json.loads(Path(args.per_check).read_text())["rows"]
     for run in args.specfold_from:
         per_check = with_specfold_from(per_check, json.loads(Path(run).read_text())["rows"])
-    measured = [r for r in e2e["rows"] if r.get("kind") != "projected"]
+    measured = [r for r in e2e["rows"] if not r.get("kind", "").startswith("projected")]
     projected = []
-    for shape in SHAPES:
-        table = table_from_per_check(per_check, shape, args.prefix)
-        if table["dense"] and table["specfold"]:
-            projected += project(measured, table, shape)
+    latencies = args.latency or [f for f in LATENCIES if f == "ms" or any(f in r for r in per_check)]
+    for latency in latencies:
+        projected += project_all(measured, per_check, args.prefix, latency)
     e2e["rows"] = measured + projected
     e2e["projected_from"] = {"per_check": args.per_check, "prefix": args.prefix}
     if args.specfold_from:
         e2e["projected_from"]["specfold_from"] = args.specfold_from
     Path(args.end_to_end).write_text(json.dumps(e2e, indent=1) + "\n")
     for r in projected:
-        print(f"{r['shape']:18s} {r['task']:9s} {r['mode']:8s} {r['projected_tokens_per_s']:8.1f} tok/s (projected)")
+        print(f"{r['shape']:18s} {r['task']:9s} {r['mode']:16s} {r['projected_tokens_per_s']:8.1f} tok/s ({r['kind']})")
     return 0
 
 

@@ -16,6 +16,10 @@ the same names) with options["inductor"]=False or options["gate_flags"]="graph".
               bench/project.py).
   writes      latency of one block write (prefix-cache append), eager and under Inductor; rows in
               per_check's format (mode write / write_compiled), to merge into per_check.json.
+  launch      host dispatch of one verification call: CUDA-graph against launched latency (plain calls,
+              as generate runs them), host time to enqueue, CUDA launches per call, cProfile of the host.
+per_check and writes rows carry both ``ms`` (CUDA-graph replays) and ``launched_ms`` (plain calls each
+waited for); ``bench.project`` projects decoding with either.
 """
 
 from __future__ import annotations
@@ -30,12 +34,13 @@ import traceback
 import torch
 
 from specfold_compile import fold_ops
-from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph, specfold_backend
+from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph, fold_launched_calls, specfold_backend
 from specfold_compile.decoding import mark_dynamic_shapes
 from specfold_compile.models import build
 from specfold_compile.reference import folded_verify
 
-from .common import Deadline, draft_tokens, draft_tree, floor_ms, out_dir, time_cuda_graph, versions, write_json
+from .common import (Deadline, draft_tokens, draft_tree, floor_ms, out_dir, time_cuda_graph, time_launched, versions,
+                     write_json)
 
 MODELS = ("fast-dllm-v2-1.5b", "fast-dllm-v2-7b", "nld-3b")
 # --cpu-dry-run swaps these for tiny presets on the CPU (torch kernels, no CUDA graphs) to check the
@@ -66,6 +71,14 @@ def _inputs(model, n_rows: int, changed: int, seed: int, cache=None):
     if cache is not None:
         mark_dynamic_shapes(tokens, parents, cache)
     return tokens, parents
+
+
+def _timed(fn) -> dict:
+    """A row's timings: ``ms``, the median of CUDA-graph replays (kernel time and the gaps between
+    kernels; ``cuda_graph`` says whether capture worked), and ``launched_ms``, plain calls each waited
+    for, as a decode loop without CUDA graphs runs them (host dispatch included)."""
+    ms, captured = time_cuda_graph(fn)
+    return {"ms": ms, "cuda_graph": captured, "launched_ms": time_launched(fn)}
 
 
 def _fraction(text: str) -> float:
@@ -237,7 +250,8 @@ def suite_per_check(args) -> list[dict]:
         model = _model(args, name)
         cfg = model.config
         options = {"tau": TAU, "kernels": KERNELS, "fold_head": args.fold_head, "dense_fraction": args.dense_fraction,
-                   "min_spill_us": args.min_spill_us, "fold_min_branches": args.fold_min_branches}
+                   "min_spill_us": args.min_spill_us, "fold_min_branches": args.fold_min_branches,
+                   "fold_launched": args.fold_launched}
         folded = torch.compile(model, backend=specfold_backend, options=options)
         # Ablations, each its own mode: the rewritten graph without the default Inductor lowering on
         # CUDA; the gate's fold flags computed in the graph (options["gate_flags"]="graph").
@@ -263,8 +277,8 @@ def suite_per_check(args) -> list[dict]:
                 logit_rows = None if logits_at is None else logits_at.numel()
                 try:
                     with torch.no_grad():
-                        ms, cg = time_cuda_graph(lambda: model.verify(tokens, parents, cache, logits_at))
-                    add({**base, "mode": "dense", "recompute_ratio": 1.0, "ms": ms, "cuda_graph": cg})
+                        timed = _timed(lambda: model.verify(tokens, parents, cache, logits_at))
+                    add({**base, "mode": "dense", "recompute_ratio": 1.0, **timed})
                     add({**base, "mode": "floor", "recompute_ratio": 1.0, "cuda_graph": False,
                                  "ms": floor_ms(cfg, n_rows, n_rows * cfg.block_size, prefix, logit_rows)})
                     if inductor is not None:
@@ -273,9 +287,9 @@ def suite_per_check(args) -> list[dict]:
                                 t0 = time.monotonic()
                                 inductor(tokens, parents, cache, logits_at)
                                 compile_s = time.monotonic() - t0
-                                ms, cg = time_cuda_graph(lambda: inductor(tokens, parents, cache, logits_at))
-                            add({**base, "mode": "dense_compiled", "recompute_ratio": 1.0, "ms": ms,
-                                         "cuda_graph": cg, "first_call_s": compile_s})
+                                timed = _timed(lambda: inductor(tokens, parents, cache, logits_at))
+                            add({**base, "mode": "dense_compiled", "recompute_ratio": 1.0, **timed,
+                                         "first_call_s": compile_s})
                         except Exception as exc:  # record once, stop trying this model's dense compile
                             traceback.print_exc()
                             add({**base, "mode": "error", "what": "dense_compiled", "error": repr(exc)[:300]})
@@ -288,15 +302,16 @@ def suite_per_check(args) -> list[dict]:
                             t0 = time.monotonic()
                             folded(tokens, parents, cache, logits_at)
                             first_s = time.monotonic() - t0
-                            ms, cg = time_cuda_graph(lambda: folded(tokens, parents, cache, logits_at))
-                        add({**base, "mode": "specfold", "recompute_ratio": 1.0, "ms": ms, "cuda_graph": cg,
-                             "first_call_s": first_s})
+                            timed = _timed(lambda: folded(tokens, parents, cache, logits_at))
+                        add({**base, "mode": "specfold", "recompute_ratio": 1.0, **timed, "first_call_s": first_s})
                         continue
                     for target, changed in ratios.items():
                         tokens, parents = _inputs(model, n_rows, changed, 100 * n_rows + changed, cache)
                         t0 = time.monotonic()
-                        with torch.no_grad(), collect_stats() as s:
-                            folded(tokens, parents, cache, logits_at)  # the gate's decisions on these inputs
+                        # the gate's decisions on these inputs (launched: folded even where launched calls
+                        # run the plain graph, fold_launched=False; the CUDA-graph capture below folds)
+                        with torch.no_grad(), collect_stats() as s, fold_launched_calls():
+                            folded(tokens, parents, cache, logits_at)
                         first_call_s = {"specfold": time.monotonic() - t0}
                         # A call the backend ran plain (too few branches to pay) has no gate decisions:
                         # the reference gates say what folding would have computed (for the floor).
@@ -314,11 +329,12 @@ def suite_per_check(args) -> list[dict]:
                                     t0 = time.monotonic()
                                     fn(tokens, parents, cache, logits_at)
                                     first_call_s[mode] = time.monotonic() - t0
-                                ms, cg = time_cuda_graph(lambda: fn(tokens, parents, cache, logits_at))
-                            add({**base, "mode": mode, "recompute_ratio": ratio, "ms": ms, "cuda_graph": cg,
+                                timed = _timed(lambda: fn(tokens, parents, cache, logits_at))
+                            add({**base, "mode": mode, "recompute_ratio": ratio, **timed,
                                          "target_ratio": target, "first_call_s": first_call_s[mode], "folded": folds,
                                          "dense_fraction": args.dense_fraction, "min_spill_us": args.min_spill_us,
                                          "fold_min_branches": args.fold_min_branches,
+                                         "fold_launched": args.fold_launched,
                                          **({"fold_head": True} if args.fold_head else {})})
                 except Exception as exc:  # keep measuring the rest; record why this one failed
                     traceback.print_exc()
@@ -357,9 +373,9 @@ def suite_writes(args) -> list[dict]:
                         t0 = time.monotonic()
                         fn(cache.keys, cache.values, block, causal)
                         first_s = time.monotonic() - t0
-                        ms, cg = time_cuda_graph(lambda: fn(cache.keys, cache.values, block, causal))
+                        timed = _timed(lambda: fn(cache.keys, cache.values, block, causal))
                     rows.append({"model": name, "prefix": prefix, "n_branches": 1, "mode": mode,
-                                 "recompute_ratio": 1.0, "ms": ms, "cuda_graph": cg, "first_call_s": first_s})
+                                 "recompute_ratio": 1.0, **timed, "first_call_s": first_s})
                 except Exception as exc:
                     traceback.print_exc()
                     rows.append({"model": name, "prefix": prefix, "n_branches": 1, "mode": "error",
@@ -389,7 +405,8 @@ def suite_memory(args) -> list[dict]:
             tokens, parents = _inputs(model, n_rows, 6, n_rows, cache)
             for mode, fn in (("dense", lambda: model.verify(tokens, parents, cache)),
                              ("specfold", lambda: folded(tokens, parents, cache))):
-                with torch.no_grad():
+                # the folded forward's memory where the backend folds (also launched, as a capture would)
+                with torch.no_grad(), fold_launched_calls():
                     fn()  # compile / warm up outside the measurement
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
@@ -458,7 +475,7 @@ def suite_breakdown(args) -> list[dict]:
         for n_rows, mode in [(n, m) for n in (args.ns or (17,)) for m in args.breakdown_modes]:
             tokens, parents = _inputs(model, n_rows, 6, n_rows, cache)
             fn = fns[mode]
-            with torch.no_grad():
+            with torch.no_grad(), fold_launched_calls():  # folded where a CUDA-graph capture folds
                 with collect_stats() as s:
                     fn(tokens, parents, cache)
                 for _ in range(3):
@@ -489,6 +506,114 @@ def suite_breakdown(args) -> list[dict]:
         fn = None  # the last mode's callable holds the model too
         del model, cache, fns
         torch.cuda.empty_cache()
+    return rows
+
+
+def _host_probe(sync, launches: int = 2000) -> dict:
+    """This host's cost of one launch, apart from any model: a tiny in-place add (eager PyTorch) and,
+    on CUDA, an empty Triton kernel (Triton's Python launcher, as our kernels launch), us per launch."""
+    x = torch.zeros(16, device=DEVICE)
+
+    def per_launch_us(fn) -> float:
+        for _ in range(50):
+            fn()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(launches):
+            fn()
+        sync()
+        return 1e6 * (time.perf_counter() - t0) / launches
+
+    row = {"mode": "host_probe", "eager_add_us": per_launch_us(lambda: x.add_(1))}
+    if DEVICE == "cuda":
+        import triton
+
+        @triton.jit
+        def _touch(ptr):
+            pass
+
+        row["triton_launch_us"] = per_launch_us(lambda: _touch[(1,)](x))
+    return row
+
+
+def suite_launch(args) -> list[dict]:
+    """Host dispatch of one verification call (prefix 512, N = 1 and 17 or --ns, r ~ 0.25, --logit-fraction
+    as per_check): CUDA-graph latency (``ms``) against plain calls each waited for (``launched_ms``, what
+    ``generate`` pays), the host's time to enqueue a call (``host_ms``: the call returns before its kernels
+    finish), CUDA launches per call (torch.profiler's runtime events), and the host's hottest functions
+    (cProfile, ``launch_profile_*.txt``) for dense under Inductor and SpecFold; first, this host's cost of one
+    launch apart from any model (``host_probe``)."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
+    rows = [_host_probe(sync)]
+    print(json.dumps(rows[-1]), flush=True)
+    for name in args.models or ("fast-dllm-v2-1.5b",):
+        torch._dynamo.reset()
+        model = _model(args, name)
+        cache = _prefix(model, 512, 1)
+        options = {"tau": TAU, "kernels": KERNELS, "dense_fraction": args.dense_fraction,
+                   "min_spill_us": args.min_spill_us, "fold_min_branches": args.fold_min_branches,
+                   "fold_launched": args.fold_launched}
+        fns = {"dense_compiled": torch.compile(model.verify, dynamic=True),
+               "specfold": torch.compile(model, backend=specfold_backend, options=options)}
+        for n_rows, mode in [(n, m) for n in (args.ns or (1, 17)) for m in fns]:
+            tokens, parents = _inputs(model, n_rows, CHANGED_FOR_RATIO[0.25], n_rows, cache)
+            logits_at = _logit_positions(n_rows, model.config.block_size, args.logit_fraction, n_rows)
+            call = lambda: fns[mode](tokens, parents, cache, logits_at)  # noqa: E731
+            try:
+                with torch.no_grad():
+                    t0 = time.monotonic()
+                    with collect_stats() as s, fold_launched_calls():
+                        call()  # folded where a capture folds: the gates' decisions, and the graph warmed
+                    first_s = time.monotonic() - t0
+                    timed = _timed(call)
+                    if mode == "specfold":  # launched and folded (fold_launched=True, or the old default)
+                        with fold_launched_calls():
+                            timed["launched_folded_ms"] = time_launched(call)
+                    host = []
+                    for _ in range(10):
+                        sync()
+                        t0 = time.perf_counter()
+                        call()
+                        host.append(1e3 * (time.perf_counter() - t0))
+                    sync()
+                    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+                    with profile(activities=activities) as prof:
+                        for _ in range(5):
+                            call()
+                        sync()
+                    launches = sum(e.count for e in prof.key_averages()
+                                   if "LaunchKernel" in e.key or "cuLaunch" in e.key) / 5
+                    profiler = cProfile.Profile()
+                    profiler.enable()
+                    for _ in range(10):
+                        call()
+                    sync()
+                    profiler.disable()
+                text = io.StringIO()
+                for order in ("tottime", "cumulative"):
+                    pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(30)
+                (out_dir() / f"launch_profile_{name}_{mode}_n{n_rows}.txt").write_text(
+                    f"cProfile of 10 calls, {name}, {mode}, N = {n_rows}, prefix 512\n" + text.getvalue())
+                rows.append({"model": name, "prefix": 512, "n_branches": n_rows, "mode": mode,
+                             "recompute_ratio": s.recompute_ratio if s.layers else 1.0, "folded": bool(s.layers),
+                             **timed, "host_ms": statistics.median(host), "launches_per_call": launches,
+                             "fold_launched": args.fold_launched,
+                             "first_call_s": first_s,
+                             **({} if args.logit_fraction is None else {"logit_fraction": args.logit_fraction})})
+            except Exception as exc:
+                traceback.print_exc()
+                rows.append({"model": name, "n_branches": n_rows, "mode": "error", "what": mode,
+                             "error": repr(exc)[:300]})
+            print(json.dumps(rows[-1]), flush=True)
+        del model, cache, fns
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -523,7 +648,7 @@ def suite_end_to_end(args) -> list[dict]:
     tokens/s on this GPU), plus tokens/s PROJECTED to the 1.5B/7B shapes by replaying every run's
     verification calls (N, measured recompute ratio) through latencies measured in this run (or read
     from a per_check JSON with --latencies; see bench/project.py)."""
-    from .project import SHAPES, project, table_from_per_check
+    from .project import LATENCIES, SHAPES, project_all
     from pathlib import Path
 
     from specfold_compile.decoding import generate
@@ -602,22 +727,21 @@ def suite_end_to_end(args) -> list[dict]:
             rows[-1].update(forwards=nfe, calls=[(n, round(r, 4)) for n, r in call_ratios])
     ns = sorted({n for r in rows for n, _ in r["calls"]} | {1})
     latency_rows = json.loads(Path(args.latencies).read_text())["rows"] if args.latencies else []
-    for shape in SHAPES:
-        if not args.latencies:
-            if deadline.left() < 60:
-                break
-            latency_rows += _latency_rows(args, shape, ns, deadline)
-        table = table_from_per_check(latency_rows, shape, 512)
-        if table["dense"] and table["specfold"]:
-            rows += project(rows, table, shape)
+    for shape in SHAPES if not args.latencies else ():
+        if deadline.left() < 60:
+            break
+        latency_rows += _latency_rows(args, shape, ns, deadline)
+    measured = list(rows)
+    for latency in LATENCIES:  # CUDA-graph latencies, and launched ones where the rows have them
+        rows += project_all(measured, latency_rows, 512, latency)
     for r in rows:
-        if r.get("kind") == "projected":
+        if r.get("kind", "").startswith("projected"):
             print(json.dumps(r), flush=True)
     return rows
 
 
 SUITES = {"check": suite_check, "per_check": suite_per_check, "memory": suite_memory, "breakdown": suite_breakdown,
-          "end_to_end": suite_end_to_end, "writes": suite_writes}
+          "end_to_end": suite_end_to_end, "writes": suite_writes, "launch": suite_launch}
 
 
 def main(argv=None) -> int:
@@ -634,6 +758,9 @@ def main(argv=None) -> int:
                     help="SpecFold options['dense_fraction'] (default: the backend's)")
     ap.add_argument("--min-spill-us", type=float, default=SpecFoldSettings().min_spill_us,
                     help="SpecFold options['min_spill_us'] (per_check, breakdown, end_to_end; default: the backend's)")
+    ap.add_argument("--fold-launched", action="store_true",
+                    help="SpecFold with options['fold_launched']=True: launched calls (launched_ms, the launch "
+                         "suite) fold too; by default they run the plain graph, CUDA-graph captures fold")
     ap.add_argument("--fold-min-branches", type=int, default=None,
                     help="SpecFold options['fold_min_branches'] (per_check; default None: the cost model)")
     ap.add_argument("--logit-fraction", type=_fraction, default=None,

@@ -137,3 +137,28 @@ def test_specfold_from_replaces_every_ratio_of_a_measured_point(tmp_path):
     out = json.loads(e2e.read_text())
     assert out["projected_from"]["specfold_from"] == [str(ablation)]
     assert out["rows"][1]["projected_ms"] == pytest.approx(2.0 + 4.0)      # N = 17 at r = 0.5: clamped to 4.0
+
+
+def test_launched_latencies_project_apart_and_are_labelled(tmp_path):
+    """A table read from ``launched_ms`` charges those latencies (rows without the field are left out),
+    and its rows say so; main projects both fields when the per_check rows have launched ones."""
+    rows = [{**r, "launched_ms": 2 * r["ms"]} for r in _per_check_rows() if r["mode"] != "specfold" or r["n_branches"] != 5]
+    rows += [r for r in _per_check_rows() if r["mode"] == "specfold" and r["n_branches"] == 5]  # no launched_ms
+    table = table_from_per_check(rows, "m", 512, latency="launched_ms")
+    assert table["dense"] == {1: 4.0, 5: 8.0, 17: 20.0} and table["specfold"].keys() == {17}
+    run = {"task": "t", "mode": "spiffy", "accuracy": 1.0, "nfe": 2.0, "tokens": 10, "forwards": 2,
+           "calls": [(5, 1.0)], "kind": "measured"}
+    (row,) = project([run], table, "m", latency="launched_ms")
+    assert row["kind"] == "projected, launched" and row["latency"] == "launched_ms"
+    assert row["projected_ms"] == pytest.approx(8.0 + 4.0)
+    with pytest.raises(ValueError, match="latency"):
+        table_from_per_check(rows, "m", 512, latency="wall")
+    e2e, per_check = tmp_path / "e2e.json", tmp_path / "pc.json"
+    e2e.write_text(json.dumps({"rows": [run]}))
+    per_check.write_text(json.dumps({"rows": [{**r, "model": "fast-dllm-v2-1.5b"} for r in rows]}))
+    assert main([str(e2e), str(per_check)]) == 0
+    out = json.loads(e2e.read_text())["rows"]
+    assert [(r["kind"], r.get("projected_ms")) for r in out] == [
+        ("measured", None), ("projected", pytest.approx(4.0 + 2.0)), ("projected, launched", pytest.approx(12.0))]
+    assert main([str(e2e), str(per_check), "--latency", "ms"]) == 0  # re-projecting replaces both
+    assert [r["kind"] for r in json.loads(e2e.read_text())["rows"]] == ["measured", "projected"]

@@ -38,9 +38,28 @@ def test_logit_fraction_per_check(tmp_path, monkeypatch, capsys):
     full = json.loads((tmp_path / "per_check.json").read_text())["rows"]
     assert {r["mode"] for r in half} >= {"dense", "specfold", "floor"}
     assert all(r.get("logit_fraction") == 0.5 for r in half) and not any("logit_fraction" in r for r in full)
+    timed = [r for r in half if r["mode"] in ("dense", "specfold")]  # CUDA-graph and launched timings
+    assert timed and all(r["ms"] > 0 and r["launched_ms"] > 0 for r in timed)
+    assert not any("launched_ms" in r for r in half if r["mode"] == "floor")
     floors = [(a["ms"], b["ms"]) for a, b in zip(half, full) if a["mode"] == "floor"]
     assert floors and all(a <= b for a, b in floors) and any(a < b for a, b in floors)
     for bad in (["0"], ["1.5"], ["half"], ["0.5", "--fold-head"]):
         with pytest.raises(SystemExit):
             run.main(args + ["--logit-fraction", *bad])
         assert "--logit-fraction" in capsys.readouterr().err
+
+
+def test_launch_suite_times_and_profiles_each_mode(tmp_path, monkeypatch):
+    """--suite launch: CUDA-graph (here plain) and launched latency, host time and a cProfile file for
+    dense under Inductor and SpecFold (which folds at N = 3 with fold_min_branches 2)."""
+    monkeypatch.setenv("OUT", str(tmp_path))
+    run.main(["--suite", "launch", "--cpu-dry-run", "--models", "fast-dllm-v2-1.5b", "--ns", "3",
+              "--fold-min-branches", "2", "--logit-fraction", "0.5"])
+    rows = json.loads((tmp_path / "launch.json").read_text())["rows"]
+    probe, rows = rows[0], rows[1:]
+    assert probe["mode"] == "host_probe" and probe["eager_add_us"] > 0
+    assert [r["mode"] for r in rows] == ["dense_compiled", "specfold"] and rows[1]["folded"]
+    assert all(r["ms"] > 0 and r["launched_ms"] > 0 and r["host_ms"] > 0 and r["logit_fraction"] == 0.5 for r in rows)
+    assert rows[1]["launched_folded_ms"] > 0 and "launched_folded_ms" not in rows[0]
+    text = (tmp_path / "launch_profile_fast-dllm-v2-1.5b_specfold_n3.txt").read_text()
+    assert "cumulative" in text and "packed_linear" in text
