@@ -9,9 +9,9 @@ and others do not, the plain graph is compiled alongside the folded one and ``Fo
 
 The cost model counts GPU time, which is what a call costs when it is replayed from a CUDA graph.
 Launched from the host instead, a call costs its host work, and a folded forward's is much larger:
-on the H200's host, 507 launches and 168 custom ops, 36-38 ms a forward at 1.5B and 7B, against
-10-14 ms for the plain graph under Inductor (which takes 2-15 ms on the GPU): launched folded calls
-were 2.1-2.7x slower than plain ones (README "Launched calls"). So with the cost model (and
+on the H200's host, 507 launches and 168 custom ops, 36-56 ms a forward at 1.5B and 7B, against
+10-29 ms for the plain graph under Inductor (which takes 2-15 ms on the GPU): launched folded calls
+were 1.8-3.0x slower than plain ones (README "Launched calls"). So with the cost model (and
 ``fold_launched=False``, the default) a call folds only while it is being captured into a CUDA graph;
 launched, it runs the plain graph. The first launched call at each N also runs the folded graph once,
 unrecorded and its result dropped, so that the folded graph's first run (autotuning) happens outside

@@ -77,9 +77,9 @@ class SpecFoldSettings:
                           first at each N also runs the folded one once, its result dropped, to warm it,
                           autotuning included, for a later capture). A folded forward's host work is
                           what a launched call costs:
-                          on the H200's host 36-38 ms against 10-14 ms for the plain graph, at 1.5B and
-                          7B, 2.1-2.7x slower launched (session 13, README "Launched calls"); replayed
-                          from a CUDA graph it is 0.5-0.8x the plain graph. True: fold launched calls too.
+                          on the H200's host 36-56 ms against 10-29 ms for the plain graph, at 1.5B and
+                          7B, 1.8-3.0x slower launched (session 13, README "Launched calls"); replayed
+                          from a CUDA graph it is 0.5-0.9x the plain graph. True: fold launched calls too.
                           Inside ``backend.fold_launched_calls()`` launched calls fold either way.
     """
 
