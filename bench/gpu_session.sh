@@ -37,7 +37,8 @@ case "$part" in
   breakdown)      # where one forward's kernel time goes at the current defaults: N = 1 and 17, dense eager,
                   # dense under Inductor, SpecFold
                   run --suite breakdown --breakdown-modes dense,dense_compiled,specfold --ns 1,17 --models fast-dllm-v2-1.5b ;;
-  launched)       # session 13: CUDA-graph and launched latency (plain calls each waited for, as generate runs them)
+  launched)       # session 13: CUDA-graph and launched latency (plain calls each waited for, as generate runs them;
+                  # SpecFold's launched calls run the plain graph unless ARGS add --fold-launched)
                   # at the decode loop's share of logits (59-62%), every N it decodes with, and the block writes: the
                   # table bench.project replays both ways (~7 min a shape): bash bench/gpu_session.sh launched --models NAME
                   run --suite per_check --prefixes 512 --ns 1,5,9,13,17 --ratios 0.1,0.25,0.5,0.6 --logit-fraction 0.6 \

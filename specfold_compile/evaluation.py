@@ -92,8 +92,10 @@ class _Progress:
 
 
 def compiled_model(model, tau: float, kernels: str = "torch", fold_head: bool = False):
-    return torch.compile(model, backend="specfold",
-                         options={"tau": float(tau), "kernels": kernels, "fold_head": bool(fold_head)})
+    """SpecFold as evaluated: every call the backend folds folds, launched ones too (``fold_launched``:
+    eval measures what folding decodes, which launched calls would otherwise leave to the plain graph)."""
+    return torch.compile(model, backend="specfold", options={"tau": float(tau), "kernels": kernels,
+                                                            "fold_head": bool(fold_head), "fold_launched": True})
 
 
 def _unique_graphs() -> int | None:

@@ -9,13 +9,15 @@ and others do not, the plain graph is compiled alongside the folded one and ``Fo
 
 The cost model counts GPU time, which is what a call costs when it is replayed from a CUDA graph.
 Launched from the host instead, a call costs its host work, and a folded forward's is much larger:
-on the H200's host, 507 launches and 168 custom ops, 36-56 ms a forward at 1.5B and 7B, against
-10-29 ms for the plain graph under Inductor (which takes 2-15 ms on the GPU): launched folded calls
-were 1.8-3.0x slower than plain ones (README "Launched calls"). So with the cost model (and
+on the H200's host, 507 launches and 168 custom ops, 34-58 ms a forward launched at 1.5B and 7B,
+against 10-29 ms for the plain graph under Inductor (which takes 2-15 ms on the GPU): launched folded
+calls were 1.8-3.3x slower than plain ones (README "Launched calls"). So with the cost model (and
 ``fold_launched=False``, the default) a call folds only while it is being captured into a CUDA graph;
 launched, it runs the plain graph. The first launched call at each N also runs the folded graph once,
-unrecorded and its result dropped, so that the folded graph's first run (autotuning) happens outside
-any capture that follows; launched results are always the plain graph's.
+unrecorded and its result dropped, so that the folded graph's first run (autotuning, whose key
+depends on N only) happens outside any capture that follows; launched results are always the plain
+graph's. Captures are seen on the current stream (``torch.cuda.graph``); Inductor's CUDA-graph trees
+are not used here and would look launched.
 """
 
 from __future__ import annotations
@@ -149,13 +151,9 @@ def fold_plan(gm: GraphModule, settings: Any) -> FoldPlan:
     if len(folded) == len(decisions) and not launched_plain:
         return FoldPlan(fold_at, "folded", description=f"{why}; every N folds", decisions=decisions)
     index, is_dim = _n_input(gm, n)
-    if index is None:
-        if not launched_plain:
-            return FoldPlan(lambda b: True, "folded", description=(
-                f"{why}; but no graph input carries N, so every call folds"), decisions=decisions)
-        return FoldPlan(lambda b: True, "both", description=(
-            f"{why}; but no graph input carries N, so every captured call folds{launched}"),
-            decisions=decisions, launched_plain=True)
+    if index is None:  # (launched calls fold too: without N the folded graph cannot be warmed per N)
+        return FoldPlan(lambda b: True, "folded", description=(
+            f"{why}; but no graph input carries N, so every call folds, launched ones too"), decisions=decisions)
     plain = [b for b, f in decisions.items() if not f]
     where = f"folded from N = {folded[0]} (plain at N = {_ranges(plain)})" if plain else "every N folds"
     return FoldPlan(fold_at, "both", index, is_dim, description=(

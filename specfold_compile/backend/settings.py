@@ -71,16 +71,19 @@ class SpecFoldSettings:
                           branches the linears are bandwidth-bound and folding only adds launches);
                           elsewhere (CPU, kernels="torch") fold every multi-branch call. An int k:
                           fold calls with N >= k, run the plain graph below (2 = fold every call).
+                          The cost model's decision is for captured calls (see fold_launched).
     fold_launched:        with the cost model (fold_min_branches None, Triton kernels on CUDA): whether
                           a call it folds also folds when launched from the host rather than captured
                           in a CUDA graph. False (default): launched calls run the plain graph (the
                           first at each N also runs the folded one once, its result dropped, to warm it,
                           autotuning included, for a later capture). A folded forward's host work is
                           what a launched call costs:
-                          on the H200's host 36-56 ms against 10-29 ms for the plain graph, at 1.5B and
-                          7B, 1.8-3.0x slower launched (session 13, README "Launched calls"); replayed
-                          from a CUDA graph it is 0.5-0.9x the plain graph. True: fold launched calls too.
-                          Inside ``backend.fold_launched_calls()`` launched calls fold either way.
+                          on the H200's host 34-58 ms against 10-29 ms for the plain graph, at 1.5B and
+                          7B, 1.8-3.3x slower launched (session 13, README "Launched calls"); replayed
+                          from a CUDA graph it is 0.5-0.9x the plain graph at recompute ratios <= 0.25.
+                          True: fold launched calls too. Inside ``backend.fold_launched_calls()``
+                          launched calls fold either way. A loop that never captures pays the folded
+                          graph's compile and one folded run per N for nothing: ``fold=False`` skips both.
     """
 
     tau: float = 0.1

@@ -192,3 +192,30 @@ def test_launched_calls_through_torch_compile(model_cache, monkeypatch):
             seen.append((s.calls, s.plain_calls, s.launched_plain_calls))
     assert seen == [(0, 1, 1), (0, 1, 1), (1, 0, 0)], seen
     assert backend.graphs[0].meta["specfold"].fold_plan.launched_plain
+
+
+def test_static_n_graph_keeps_a_plain_graph_for_launched_calls(model_cache, monkeypatch):
+    """A static-N graph the cost model folds compiles the plain graph too (launched calls run it, the
+    result equal to the model's); forced, the same dispatcher folds."""
+    from specfold_compile.backend import specfold_backend
+
+    model, _ = model_cache
+    monkeypatch.setattr(dispatch, "_cost_model_applies", lambda impl, device: True)
+    monkeypatch.setattr(dispatch, "cost_model_folds", lambda n, *args, **kwargs: True)
+    cache = make_cache(model, seed=6)  # not marked dynamic: N = 3 static
+    tokens, parents = make_tree(model, 3, "realistic", 1)
+    gm, inputs = capture_graph(model, tokens, parents, cache)
+    run = specfold_backend(gm, inputs, options={"tau": 0.3, "kernels": "torch"})
+    plan = run.plan
+    assert isinstance(run, dispatch.FoldDispatch) and plan.variants == "both" and plan.static_n == 3
+    assert plan.launched_plain and "launched calls" in plan.description
+    first = lambda out: out[0] if isinstance(out, (tuple, list)) else out  # noqa: E731
+    with torch.no_grad(), collect_stats() as s:
+        got = first(run(*inputs))
+    assert (s.calls, s.plain_calls, s.launched_plain_calls) == (0, 1, 1) and run.warm == {3}
+    assert_close(got, model.verify(tokens, parents, cache), tol=1e-6, what="launched: plain graph")
+    with torch.no_grad(), collect_stats() as s, dispatch.fold_launched_calls():
+        got = first(run(*inputs))
+    ref, _ = folded_verify(model, tokens, parents, cache, 0.3, fold_masks=s.fold_masks)
+    assert s.calls == 1
+    assert_close(got, ref, what="forced: folded graph")

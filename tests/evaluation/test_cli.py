@@ -105,3 +105,16 @@ def test_generate_specfold_with_compiled_writes(capsys):
     compiled = capsys.readouterr().out
     assert "mode=specfold" in compiled
     assert compiled.split("\nmode=")[0] == plain.split("\nmode=")[0]
+
+
+def test_eval_folds_launched_calls(monkeypatch):
+    """specfold eval measures what folding decodes: its compiled model folds launched calls too
+    (options['fold_launched']), which on CUDA would otherwise run the plain graph."""
+    import torch
+
+    from specfold_compile import evaluation
+
+    seen = {}
+    monkeypatch.setattr(torch, "compile", lambda model, backend, options: seen.update(backend=backend, **options))
+    evaluation.compiled_model(object(), 0.1, "triton")
+    assert seen["backend"] == "specfold" and seen["fold_launched"] is True and seen["tau"] == 0.1
