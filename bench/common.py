@@ -51,14 +51,7 @@ def time_cuda_graph(fn: Callable[[], Any], replays: int = 30, warmup: int = 3) -
     """Median ms of CUDA-graph replays of ``fn`` (captured after warm-up). Falls back to plain calls
     (returning cuda_graph=False) if capture fails; on the CPU, plain calls timed with perf_counter."""
     if not torch.cuda.is_available():
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(replays):
-            t0 = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - t0))
-        return statistics.median(times), False
+        return time_launched(fn, replays, warmup), False
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
