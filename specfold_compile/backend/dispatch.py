@@ -118,8 +118,8 @@ def fold_plan(gm: GraphModule, settings: Any) -> FoldPlan:
     impl = resolve_impl(settings.kernels, marker_value.device.type)
     cost_model = k is None and _cost_model_applies(impl, marker_value.device.type) and type(block) is int
     launched_plain = cost_model and not settings.fold_launched
-    launched = ("; launched calls (not captured in a CUDA graph) run the plain graph after the first at each N "
-                "(fold_launched=False)") if launched_plain else ""
+    launched = ("; launched calls (not captured in a CUDA graph) run the plain graph, the first at each N also "
+                "warming the folded one (fold_launched=False)") if launched_plain else ""
     if k is not None:
         fold_at = lambda b: b >= k  # noqa: E731
         why = f"fold_min_branches={k}: fold calls with N >= {k}"
