@@ -14,6 +14,12 @@ one K/V tile load and the group size needs no power-of-two padding. Natural-log 
 Every load is converted to fp32 at once; dot operands are cast back to the storage dtype right
 before ``tl.dot`` (exact, because they came from that dtype), except the softmax weights P, which
 are rounded to the storage dtype for the PV product as in FlashAttention.
+
+``prefix_len``: the decode loop replays CUDA graphs over a prefix cache of fixed capacity [Hkv, P_cap, D]
+whose first L keys are valid, L changing between replays. So L comes as a one-element device tensor that
+the kernels load themselves (no host read, nothing that syncs) and keys >= L take no part; every host-side
+decision (split count, one pass or two kernels, tiles) is made from the capacity P, so a captured graph
+replays the same launches for any length.
 """
 from __future__ import annotations
 
@@ -58,16 +64,16 @@ def _walk_prefix(q_dot, k_base, v_base, stride_kp, stride_vp, p_lo, p_hi, scale,
 
 @triton.jit
 def _prefix_attn_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, count_ptr, scale,
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, count_ptr, plen_ptr, scale,
     R, P, CHUNK, M_TILES, HKV, SPLITS,
     stride_qr, stride_qh,
     stride_kh, stride_kp,
     stride_vh, stride_vp,
     stride_os, stride_or, stride_oh,
     stride_ls, stride_lr, stride_lh,
-    HAS_COUNT: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, DOT_T: tl.constexpr, PREC: tl.constexpr,
-    ROW_TILES_OUTER: tl.constexpr,
+    HAS_COUNT: tl.constexpr, HAS_PREFIX_LEN: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, DOT_T: tl.constexpr,
+    PREC: tl.constexpr, ROW_TILES_OUTER: tl.constexpr,
 ):
     # One flat grid. ROW_TILES_OUTER: the row tile is the slowest index, so the programs that have rows
     # below the device-side count come first in launch order and each gets an SM of its own, instead
@@ -82,8 +88,13 @@ def _prefix_attn_kernel(
         kvh = (lin // M_TILES) % HKV
         split = lin // (M_TILES * HKV)
     kvh = kvh.to(tl.int64)
+    P_eff = P
+    if HAS_PREFIX_LEN:
+        # only the first min(P, length) keys are valid (the splits were cut from the capacity P: those
+        # wholly past the length walk nothing and write the empty state)
+        P_eff = tl.minimum(tl.load(plen_ptr), P).to(tl.int32)
     p_lo = split * CHUNK  # this program's keys: [p_lo, p_hi)
-    p_hi = tl.minimum(p_lo + CHUNK, P)
+    p_hi = tl.minimum(p_lo + CHUNK, P_eff)
     m0 = pid * BLOCK_M
     if HAS_COUNT:
         cnt = tl.load(count_ptr)
@@ -112,7 +123,7 @@ def _prefix_attn_kernel(
 
 @triton.jit
 def _block_attn_kernel(
-    q_ptr, k_ptr, v_ptr, slot_ptr, opre_ptr, lsepre_ptr, kpre_ptr, vpre_ptr, out_ptr, scale,
+    q_ptr, k_ptr, v_ptr, slot_ptr, opre_ptr, lsepre_ptr, kpre_ptr, vpre_ptr, plen_ptr, out_ptr, scale,
     B, N_MT, S, P,
     stride_qr, stride_qh,
     stride_kr, stride_kh,
@@ -123,13 +134,14 @@ def _block_attn_kernel(
     stride_kph, stride_kpp,
     stride_vph, stride_vpp,
     stride_on, stride_ob, stride_oh,
-    WALK_PREFIX: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_P: tl.constexpr, DOT_T: tl.constexpr,
-    PREC: tl.constexpr,
+    WALK_PREFIX: tl.constexpr, HAS_PREFIX_LEN: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_P: tl.constexpr,
+    DOT_T: tl.constexpr, PREC: tl.constexpr,
 ):
     # WALK_PREFIX: one pass, each (n, b) walks the P prefix keys itself (a folded row repeats its
     # origin's walk: same query, same keys) and goes on over its branch's block in the same online
-    # softmax. Otherwise the prefix comes as S precomputed (o, lse) states of the origin row, merged in.
+    # softmax; HAS_PREFIX_LEN: only the first min(P, length) of them. Otherwise the prefix comes as S
+    # precomputed (o, lse) states of the origin row, merged in (the prefix kernel applied the length).
     pid = tl.program_id(0)
     kvh = tl.program_id(1).to(tl.int64)
     n = (pid // N_MT).to(tl.int64)
@@ -146,8 +158,11 @@ def _block_attn_kernel(
     q = tl.load(q_ptr + qrow[:, None] * stride_qr + head[:, None] * stride_qh + dd[None, :],
                 mask=qmask, other=0.0).to(tl.float32)
     if WALK_PREFIX:
+        P_eff = P
+        if HAS_PREFIX_LEN:
+            P_eff = tl.minimum(tl.load(plen_ptr), P).to(tl.int32)
         m_i, l_i, acc = _walk_prefix(q.to(DOT_T), kpre_ptr + kvh * stride_kph, vpre_ptr + kvh * stride_vph,
-                                     stride_kpp, stride_vpp, 0, P, scale, dd, dmask,
+                                     stride_kpp, stride_vpp, 0, P_eff, scale, dd, dmask,
                                      BLOCK_M, BLOCK_P, BLOCK_D, DOT_T, PREC)
     # the branch's own block: keys/values of (n, j) through the origin map
     jj = tl.arange(0, BLOCK_J)
@@ -201,6 +216,19 @@ def _block_attn_kernel(
 def _check_last_contig(**ts):
     for name, t in ts.items():
         expect(t.stride(-1) == 1 or t.shape[-1] == 1, name, "a contiguous last dim", f"strides {tuple(t.stride())}")
+
+
+def _check_prefix_len(prefix_len, q):
+    """``prefix_len``: None or a one-element integer tensor on q's device (checked from its metadata only:
+    its value stays on the device, for the kernels to load)."""
+    if prefix_len is None:
+        return
+    expect(isinstance(prefix_len, torch.Tensor), "prefix_len", "a tensor (the device-side prefix length)",
+           type(prefix_len).__name__)
+    expect(prefix_len.dtype in (torch.int32, torch.int64), "prefix_len", "an int32 or int64 tensor", prefix_len.dtype)
+    expect(prefix_len.dim() <= 1 and prefix_len.numel() == 1, "prefix_len", "one element (shape [] or [1])",
+           tuple(prefix_len.shape))
+    expect(prefix_len.device == q.device, "prefix_len", f"q's device {q.device}", prefix_len.device)
 
 
 def _prefix_config(M_total: int, D: int) -> tuple[int, int, int, int]:
@@ -301,7 +329,8 @@ def prefix_splits(programs: int, P: int, block_p: int, device: torch.device, row
 
 def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.Tensor, scale: float,
                             count: torch.Tensor | None = None, splits: int | None = None,
-                            config: tuple[int, int, int, int] | None = None, row_tiles_outer: bool = True):
+                            config: tuple[int, int, int, int] | None = None, row_tiles_outer: bool = True,
+                            prefix_len: torch.Tensor | None = None):
     """q [R,Hq,D] (strided ok, last dim contiguous); k_pre, v_pre [Hkv,P,D] (strided views ok).
     Returns S states over consecutive key ranges of the prefix: (o [S,R,Hq,D] float32, lse [S,R,Hq]
     float32, natural log); merged (attention_ref.merge_states) they are the attention over the whole
@@ -310,19 +339,25 @@ def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.T
     count are skipped (their outputs are unspecified). ``config``: (BLOCK_M, BLOCK_P, num_warps,
     num_stages) instead of the shape-based default (for the benchmark's sweep,
     ``bench/kernels/bench_attention.py --sweep``). ``row_tiles_outer=False``: the launch order of
-    sessions 1-7 (row tiles fastest), kept for the sweep's comparison."""
+    sessions 1-7 (row tiles fastest), kept for the sweep's comparison. ``prefix_len`` (int32/int64
+    device tensor, one element): only keys [0, min(prefix_len, P)) take part, read by the kernel (a
+    fixed-capacity cache under CUDA-graph replays); the splits are still cut from P, and those wholly
+    past the length are empty states (o = 0, lse = -inf). None: all P keys."""
     expect(q.dim() == 3, "q", "[R, Hq, D]", tuple(q.shape))
     _check_prefix_inputs(q, k_pre, v_pre)
     _check_last_contig(q=q)
+    _check_prefix_len(prefix_len, q)
     if config is not None:
         _check_tile_config(config)
     if splits is not None and (not isinstance(splits, int) or splits < 1):
         raise ValueError(f"splits: expected an int >= 1, got {splits!r}")
-    return _launch_prefix_kernel(q, k_pre, v_pre, scale, count, splits, config, row_tiles_outer)
+    return _launch_prefix_kernel(q, k_pre, v_pre, scale, count, splits, config, row_tiles_outer, prefix_len)
 
 
-def _launch_prefix_kernel(q, k_pre, v_pre, scale, count=None, splits=None, config=None, row_tiles_outer=True):
-    """``prefix_attention_states`` on checked inputs."""
+def _launch_prefix_kernel(q, k_pre, v_pre, scale, count=None, splits=None, config=None, row_tiles_outer=True,
+                          prefix_len=None):
+    """``prefix_attention_states`` on checked inputs (everything decided here comes from the shapes, P
+    being the capacity when a ``prefix_len`` is given)."""
     R, Hq, D = q.shape
     Hkv, P, _ = k_pre.shape
     G = Hq // Hkv
@@ -338,14 +373,15 @@ def _launch_prefix_kernel(q, k_pre, v_pre, scale, count=None, splits=None, confi
     BLOCK_D = max(16, triton.next_power_of_2(D))
     m_tiles = triton.cdiv(R * G, BLOCK_M)
     _prefix_attn_kernel[(m_tiles * Hkv * splits,)](
-        q, k_pre, v_pre, o, lse, count if count is not None else o, float(scale),
+        q, k_pre, v_pre, o, lse, count if count is not None else o, prefix_len if prefix_len is not None else o,
+        float(scale),
         R, P, chunk, m_tiles, Hkv, splits,
         q.stride(0), q.stride(1),
         k_pre.stride(0), k_pre.stride(1),
         v_pre.stride(0), v_pre.stride(1),
         o.stride(0), o.stride(1), o.stride(2),
         lse.stride(0), lse.stride(1), lse.stride(2),
-        HAS_COUNT=count is not None, G=G, D=D, BLOCK_D=BLOCK_D,
+        HAS_COUNT=count is not None, HAS_PREFIX_LEN=prefix_len is not None, G=G, D=D, BLOCK_D=BLOCK_D,
         BLOCK_M=BLOCK_M, BLOCK_P=BLOCK_P, DOT_T=tl_dtype(q.dtype), PREC=dot_precision(q.dtype),
         ROW_TILES_OUTER=row_tiles_outer, num_warps=num_warps, num_stages=num_stages,
     )
@@ -353,10 +389,10 @@ def _launch_prefix_kernel(q, k_pre, v_pre, scale, count=None, splits=None, confi
 
 
 def prefix_attention(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.Tensor, scale: float,
-                     count: torch.Tensor | None = None):
+                     count: torch.Tensor | None = None, prefix_len: torch.Tensor | None = None):
     """The prefix state in one piece: (o [R,Hq,D] float32, lse [R,Hq] float32, natural log);
-    ``prefix_attention_states`` with one split."""
-    o, lse = prefix_attention_states(q, k_pre, v_pre, scale, count, splits=1)
+    ``prefix_attention_states`` with one split (``prefix_len``: the valid keys, as there)."""
+    o, lse = prefix_attention_states(q, k_pre, v_pre, scale, count, splits=1, prefix_len=prefix_len)
     return o[0], lse[0]
 
 
@@ -373,10 +409,11 @@ def _check_block_inputs(q, k, v, slot):
     return slot if slot.stride(-1) == 1 else slot.contiguous()
 
 
-def _launch_block_kernel(q, k, v, slot, scale, states=None, prefix=None, config=None):
+def _launch_block_kernel(q, k, v, slot, scale, states=None, prefix=None, config=None, prefix_len=None):
     """The block kernel over every (n, b) of ``slot`` (inputs checked by the caller), merging S prefix
     ``states`` (o [S,R,Hq,D], lse [S,R,Hq]) or walking the ``prefix`` keys itself ((k_pre, v_pre)
-    [Hkv,P,D]: one pass)."""
+    [Hkv,P,D]: one pass; with ``prefix_len``, only the first min(P, prefix_len) keys, loaded by the
+    kernel). With states, ``prefix_len`` is unused: the prefix kernel applied it."""
     R, Hq, D = q.shape
     Hkv = k.shape[1]
     N, B = slot.shape
@@ -407,9 +444,10 @@ def _launch_block_kernel(q, k, v, slot, scale, states=None, prefix=None, config=
         state_strides = (o_pre.stride(0), o_pre.stride(1), o_pre.stride(2),
                          lse_pre.stride(0), lse_pre.stride(1), lse_pre.stride(2))
         kv_pre_strides = (0, 0, 0, 0)
+    has_len = walk and prefix_len is not None
     n_mt = triton.cdiv(B * G, BLOCK_M)
     _block_attn_kernel[(N * n_mt, Hkv)](
-        q, k, v, slot, o_pre, lse_pre, k_pre, v_pre, out, float(scale),
+        q, k, v, slot, o_pre, lse_pre, k_pre, v_pre, prefix_len if has_len else out, out, float(scale),
         B, n_mt, S, P,
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1),
@@ -418,7 +456,8 @@ def _launch_block_kernel(q, k, v, slot, scale, states=None, prefix=None, config=
         *state_strides,
         *kv_pre_strides,
         out.stride(0), out.stride(1), out.stride(2),
-        WALK_PREFIX=walk, G=G, D=D, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_J=BLOCK_J, BLOCK_P=BLOCK_P,
+        WALK_PREFIX=walk, HAS_PREFIX_LEN=has_len, G=G, D=D, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_J=BLOCK_J,
+        BLOCK_P=BLOCK_P,
         DOT_T=tl_dtype(q.dtype), PREC=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )
@@ -459,37 +498,45 @@ def _check_prefix_inputs(q, k_pre, v_pre, kv_heads: int | None = None):
 
 def one_pass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: torch.Tensor,
                        k_pre: torch.Tensor, v_pre: torch.Tensor, scale: float,
-                       config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                       config: tuple[int, int, int, int] | None = None,
+                       prefix_len: torch.Tensor | None = None) -> torch.Tensor:
     """As ``block_attention`` fed ``prefix_attention_states``, in one launch and without states: each
     (n,b) attends with q[slot[n,b]] over the shared prefix k_pre, v_pre [Hkv,P,D] and then over
     k/v[slot[n,0..B-1]] in one online softmax. A folded row walks the prefix again (its origin's query),
     so this pays only for short prefixes and few rows (``use_one_pass``). ``config``: (BLOCK_M, BLOCK_P,
-    num_warps, num_stages) instead of ``_one_pass_config`` (the benchmark's sweep)."""
+    num_warps, num_stages) instead of ``_one_pass_config`` (the benchmark's sweep). ``prefix_len``
+    (int32/int64 device tensor, one element): only prefix keys [0, min(prefix_len, P)) take part, the
+    kernel loading the length (CUDA-graph replays over a fixed-capacity cache); None: all P."""
     slot = _check_block_inputs(q, k, v, slot)
     _check_prefix_inputs(q, k_pre, v_pre, kv_heads=k.shape[1])
+    _check_prefix_len(prefix_len, q)
     if config is not None:
         _check_tile_config(config)
-    return _launch_block_kernel(q, k, v, slot, scale, prefix=(k_pre, v_pre), config=config)
+    return _launch_block_kernel(q, k, v, slot, scale, prefix=(k_pre, v_pre), config=config, prefix_len=prefix_len)
 
 
 def slot_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: torch.Tensor, k_pre: torch.Tensor,
-                   v_pre: torch.Tensor, scale: float, count: torch.Tensor | None = None) -> torch.Tensor:
+                   v_pre: torch.Tensor, scale: float, count: torch.Tensor | None = None,
+                   prefix_len: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of every (n,b) with q[slot[n,b]] over the prefix and k/v[slot[n,0..B-1]], the rows
     below the device-side ``count`` (or all) being the ones any slot points at: one pass where
     ``use_one_pass`` says so for the N * B rows of ``slot``, else the prefix states of those rows (split
-    along the prefix) merged by the block kernel."""
+    along the prefix) merged by the block kernel. ``prefix_len``: only prefix keys [0, min(prefix_len,
+    P)) take part (as in ``prefix_attention_states``); the path is still chosen from the capacity P."""
     slot = _check_block_inputs(q, k, v, slot)  # checked once here: the launches below do not check again
     _check_prefix_inputs(q, k_pre, v_pre, kv_heads=k.shape[1])
+    _check_prefix_len(prefix_len, q)
     if use_one_pass(slot.numel(), q.shape[1], k_pre.shape[1]):
-        return _launch_block_kernel(q, k, v, slot, scale, prefix=(k_pre, v_pre))
-    states = _launch_prefix_kernel(q, k_pre, v_pre, scale, count)
+        return _launch_block_kernel(q, k, v, slot, scale, prefix=(k_pre, v_pre), prefix_len=prefix_len)
+    states = _launch_prefix_kernel(q, k_pre, v_pre, scale, count, prefix_len=prefix_len)
     return _launch_block_kernel(q, k, v, slot, scale, states=states)
 
 
 def branch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pre: torch.Tensor,
-                     v_pre: torch.Tensor, scale: float) -> torch.Tensor:
+                     v_pre: torch.Tensor, scale: float, prefix_len: torch.Tensor | None = None) -> torch.Tensor:
     """Dense multi-branch attention: q [N,B,Hq,D], k,v [N,B,Hkv,D], shared prefix k_pre, v_pre
-    [Hkv,P,D] (never copied). Each branch attends to the prefix and bidirectionally to its own
+    [Hkv,P,D] (never copied). Each branch attends to the prefix (its first min(prefix_len, P) keys
+    with a device-side ``prefix_len``, as in ``slot_attention``) and bidirectionally to its own
     block. Returns [N,B,Hq,D] in q.dtype."""
     N, B, Hq, D = q.shape
     Hkv = k.shape[2]
@@ -497,4 +544,4 @@ def branch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pre: t
     kf = k.reshape(N * B, Hkv, D)
     vf = v.reshape(N * B, Hkv, D)
     slot = torch.arange(N * B, device=q.device, dtype=torch.int64).view(N, B)
-    return slot_attention(qf, kf, vf, slot, k_pre, v_pre, scale)
+    return slot_attention(qf, kf, vf, slot, k_pre, v_pre, scale, prefix_len=prefix_len)

@@ -2,6 +2,10 @@
 
 State over a key set: (o, lse) with o the normalised softmax average of the values and lse the
 natural-log logsumexp of the scaled scores. Empty state: (0, -inf).
+
+``prefix_len`` (a one-element integer tensor): only the first min(prefix_len, P) prefix keys take part,
+as in the kernels (a fixed-capacity cache under CUDA-graph replays). The references mask the scores of
+the other keys to -inf rather than slicing, so they never read the length on the host either.
 """
 from __future__ import annotations
 
@@ -48,9 +52,19 @@ def _group(hq: int, hkv: int) -> int:
     return hq // hkv
 
 
-def prefix_attention_ref(q, k_pre, v_pre, scale, count=None):
+def _mask_prefix_scores(s: torch.Tensor, prefix_len) -> torch.Tensor:
+    """Scores s [..., P] over the prefix keys with the keys at positions >= prefix_len set to -inf (a
+    device-side comparison: no host read)."""
+    if prefix_len is None:
+        return s
+    valid = torch.arange(s.shape[-1], device=s.device) < prefix_len.reshape(())
+    return s.masked_fill(~valid, float("-inf"))
+
+
+def prefix_attention_ref(q, k_pre, v_pre, scale, count=None, prefix_len=None):
     """q [R,Hq,D]; k_pre, v_pre [Hkv,P,D] -> (o [R,Hq,D] f32, lse [R,Hq] f32). `count` is ignored
-    (rows >= count are unspecified in the kernel; the oracle computes them all)."""
+    (rows >= count are unspecified in the kernel; the oracle computes them all). ``prefix_len``: only
+    keys [0, min(prefix_len, P)) take part (masked); none of them gives the empty state (0, -inf)."""
     R, Hq, D = q.shape
     Hkv, P, _ = k_pre.shape
     g = _group(Hq, Hkv)
@@ -58,9 +72,11 @@ def prefix_attention_ref(q, k_pre, v_pre, scale, count=None):
         return (torch.zeros(R, Hq, D, dtype=torch.float32, device=q.device),
                 torch.full((R, Hq), float("-inf"), dtype=torch.float32, device=q.device))
     qf = q.float().view(R, Hkv, g, D)
-    s = torch.einsum("rkgd,kpd->rkgp", qf, k_pre.float()) * float(scale)
+    s = _mask_prefix_scores(torch.einsum("rkgd,kpd->rkgp", qf, k_pre.float()) * float(scale), prefix_len)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.softmax(s, dim=-1)
+    if prefix_len is not None:  # all keys masked: softmax is NaN there, the state must be empty
+        p = torch.where((lse > float("-inf")).unsqueeze(-1), p, torch.zeros_like(p))
     o = torch.einsum("rkgp,kpd->rkgd", p, v_pre.float())
     return o.reshape(R, Hq, D), lse.reshape(R, Hq)
 
@@ -88,17 +104,18 @@ def block_attention_ref(q, k, v, slot, o_pre, lse_pre, scale):
     return o.to(q.dtype)
 
 
-def branch_attention_ref(q, k, v, k_pre, v_pre, scale):
+def branch_attention_ref(q, k, v, k_pre, v_pre, scale, prefix_len=None):
     """Dense multi-branch attention, computed directly (not through merging): q [N,B,Hq,D],
-    k,v [N,B,Hkv,D], k_pre,v_pre [Hkv,P,D]; every branch attends to the shared prefix and,
-    bidirectionally, to its own block. Returns [N,B,Hq,D] in q.dtype. The prefix is broadcast
-    inside einsum, never copied per branch."""
+    k,v [N,B,Hkv,D], k_pre,v_pre [Hkv,P,D]; every branch attends to the shared prefix (its keys
+    [0, min(prefix_len, P)) with a ``prefix_len``, masked) and, bidirectionally, to its own block.
+    Returns [N,B,Hq,D] in q.dtype. The prefix is broadcast inside einsum, never copied per branch.
+    An all-masked prefix needs no care: the block's keys are always there."""
     N, B, Hq, D = q.shape
     Hkv = k.shape[2]
     g = _group(Hq, Hkv)
     qf = q.float().view(N, B, Hkv, g, D)
     s_blk = torch.einsum("nbkgd,njkd->nbkgj", qf, k.float()) * float(scale)
-    s_pre = torch.einsum("nbkgd,kpd->nbkgp", qf, k_pre.float()) * float(scale)
+    s_pre = _mask_prefix_scores(torch.einsum("nbkgd,kpd->nbkgp", qf, k_pre.float()) * float(scale), prefix_len)
     s = torch.cat([s_pre, s_blk], dim=-1)
     p = torch.softmax(s, dim=-1)
     P = k_pre.shape[1]
