@@ -8,6 +8,7 @@ the generated Triton kernels, which never read a value back to the host.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -116,8 +117,9 @@ def pack_external(t: Tensor, out_rank: int, row_branch: Tensor, row_pos: Tensor)
 
 @torch.library.custom_op("specfold::folded_attention", mutates_args=())
 def folded_attention(q_p: Tensor, k_p: Tensor, v_p: Tensor, k_pre: Tensor, v_pre: Tensor, slot: Tensor,
-                     count: Tensor, scale: float, impl: str) -> Tensor:
-    """Packed q/k/v [R, 1, H, D] -> attention output [N, B, Hq, D] for every row.
+                     count: Tensor, scale: float, impl: str, prefix_len: Optional[Tensor] = None) -> Tensor:
+    """Packed q/k/v [R, 1, H, D] -> attention output [N, B, Hq, D] for every row. ``prefix_len``: as in
+    ``specfold::branch_attention`` (the valid keys of a static cache; None = all).
 
     The prefix state (o, lse) is computed once per computed row; each (n, b) merges the prefix state of
     its origin with its attention over its own branch's block keys (read through ``slot``). The Triton
@@ -126,9 +128,9 @@ def folded_attention(q_p: Tensor, k_p: Tensor, v_p: Tensor, k_pre: Tensor, v_pre
     """
     q, k, v = q_p.squeeze(1), k_p.squeeze(1), v_p.squeeze(1)
     if impl == "triton":
-        return _kernels().slot_attention(q, k, v, slot, k_pre, v_pre, scale, count)
+        return _kernels().slot_attention(q, k, v, slot, k_pre, v_pre, scale, count, prefix_len=prefix_len)
     n_computed = int(count)  # the reference may read the count; the Triton path never does
-    o_pre, lse_pre = prefix_attention_ref(q[:n_computed], k_pre, v_pre, scale)
+    o_pre, lse_pre = prefix_attention_ref(q[:n_computed], k_pre, v_pre, scale, prefix_len=prefix_len)
     pad = q.shape[0] - n_computed
     if pad:
         o_pre = torch.cat((o_pre, o_pre.new_zeros((pad,) + o_pre.shape[1:])))
@@ -137,7 +139,7 @@ def folded_attention(q_p: Tensor, k_p: Tensor, v_p: Tensor, k_pre: Tensor, v_pre
 
 
 @folded_attention.register_fake
-def _folded_attention_fake(q_p, k_p, v_p, k_pre, v_pre, slot, count, scale, impl):
+def _folded_attention_fake(q_p, k_p, v_p, k_pre, v_pre, slot, count, scale, impl, prefix_len=None):
     n, b = slot.shape
     return q_p.new_empty((n, b, q_p.shape[-2], q_p.shape[-1]))
 

@@ -11,6 +11,8 @@ Both are ``torch.library.custom_op`` with fake implementations, so a rewritten g
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
@@ -36,17 +38,21 @@ def mark_branches(h: Tensor, parents: Tensor) -> Tensor:
 
 
 @torch.library.custom_op("specfold::branch_attention", mutates_args=())
-def branch_attention(q: Tensor, k: Tensor, v: Tensor, k_pre: Tensor, v_pre: Tensor, scale: float) -> Tensor:
+def branch_attention(q: Tensor, k: Tensor, v: Tensor, k_pre: Tensor, v_pre: Tensor, scale: float,
+                     prefix_len: Optional[Tensor] = None) -> Tensor:
     """Dense multi-branch attention.
 
     q: [N, B, Hq, D]; k, v: [N, B, Hkv, D] (each branch's own block); k_pre, v_pre: [Hkv, P, D], the
     shared prefix cache, read by every branch without a per-branch copy. Returns [N, B, Hq, D].
+    ``prefix_len`` (an integer device tensor of one element, or None = all P keys): only the first
+    ``prefix_len`` keys of the cache are the prefix, the rest is unused capacity (a static cache, whose
+    length changes between CUDA-graph replays without changing any shape).
     """
     if q.is_cuda and kernels.triton_available():
-        return kernels.branch_attention(q, k, v, k_pre, v_pre, scale)
-    return kernels.branch_attention_ref(q, k, v, k_pre, v_pre, scale)
+        return kernels.branch_attention(q, k, v, k_pre, v_pre, scale, prefix_len=prefix_len)
+    return kernels.branch_attention_ref(q, k, v, k_pre, v_pre, scale, prefix_len=prefix_len)
 
 
 @branch_attention.register_fake
-def _branch_attention_fake(q, k, v, k_pre, v_pre, scale):
+def _branch_attention_fake(q, k, v, k_pre, v_pre, scale, prefix_len=None):
     return torch.empty_like(q)

@@ -80,7 +80,7 @@ def folded_verify(model: BlockDiffusionLM, tokens: Tensor, parents: Tensor, cach
         # Folded rows take their origin's q, k, v; every row attends over the shared prefix and its
         # own branch's block (so a recomputed position reaches the folded positions of its branch).
         q, k, v = q_p[slot], k_p[slot], v_p[slot]  # [N, B, H, D]
-        o = branch_attention_ref(q, k, v, k_pre, v_pre, layer.scale)
+        o = branch_attention_ref(q, k, v, k_pre, v_pre, layer.scale, prefix_len=cache.device_length)
         h_mid = h + layer.attn_out(o)
 
         # MLP sublayer: computed rows only; folded rows add their origin's output to their own residual.

@@ -1,8 +1,8 @@
 """``with collect_stats() as s: compiled(tokens, parents, cache)``: what the folded graph really did.
 
 The gate op reports its outputs here when a collector is active. Recording keeps device tensors and
-reads nothing back during the call; numbers are computed when a property is read. (A CUDA-graph
-replay runs no Python, so replays are not recorded.)
+reads nothing back during the call; numbers are computed when a property is read. (Calls captured into
+a CUDA graph, and its replays, are not recorded.)
 """
 
 from __future__ import annotations
@@ -104,7 +104,9 @@ def _chain_lengths(fold: Tensor, parents: Tensor) -> dict[int, int]:
 
 
 def record_gate(gate_index: int, fold: Tensor, parents: Tensor) -> None:
-    if _active and not torch.compiler.is_compiling():
+    # A CUDA-graph capture runs no kernel, so the masks it would record hold no values (and later
+    # replays run no Python): captured calls are not recorded.
+    if _active and not torch.compiler.is_compiling() and not (fold.is_cuda and torch.cuda.is_current_stream_capturing()):
         for s in _active:
             s._record(gate_index, fold, parents)
 

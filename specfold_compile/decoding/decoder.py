@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .commit import block_finished, commit, confidence
+from .cuda_graphs import VerifyGraphs
+from .dynamic import mark_dynamic_shapes
 from .graph import DraftGraph, build_drafts, default_draft_graph, load_draft_graph
 
 __all__ = ["generate", "GenerateResult", "StepStats", "record_traces", "mark_dynamic_shapes", "MODES"]
@@ -55,6 +57,8 @@ class GenerateResult:
     steps: list[StepStats] = field(default_factory=list)
     mode: str = "vanilla"
     blocks: int = 0                # blocks decoded (started)
+    graph_captures: int = 0        # cuda_graphs: verification shapes captured in this call (first calls)
+    graph_replays: int = 0         # cuda_graphs: verification calls replayed from a captured graph
 
     @property
     def num_calls(self) -> int:
@@ -121,37 +125,30 @@ def _model_consts(model):
     return B, sb, int(cfg.mask_token_id), int(cfg.eos_token_id)
 
 
-def mark_dynamic_shapes(tokens: torch.Tensor, parents: torch.Tensor, cache,
-                        logit_positions: torch.Tensor | None = None) -> None:
-    """The branch count, the prefix length and the number of masked positions change from call to call:
-    mark them so a compiled model traces them as dynamic from the start (one graph per size class, not
-    one per size). N = 1 stays specialised, as torch.compile specialises sizes 0 and 1 anyway."""
-    if parents.numel() > 1:
-        torch._dynamo.maybe_mark_dynamic(tokens, 0)
-        torch._dynamo.maybe_mark_dynamic(parents, 0)
-    if logit_positions is not None and logit_positions.numel() > 1:
-        torch._dynamo.maybe_mark_dynamic(logit_positions, 0)
-    for t in (*getattr(cache, "keys", ()), *getattr(cache, "values", ())):
-        if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[1] > 1:
-            torch._dynamo.maybe_mark_dynamic(t, 1)
-
-
-def _verify(model, rows: torch.Tensor, parents: list[int], cache, mask_id: int, all_logits: bool
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def _verify(model, rows: torch.Tensor, parents: list[int], cache, mask_id: int, all_logits: bool,
+            graphs: VerifyGraphs | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One verification call -> per-position ``(conf, tok)`` [N, B] on the CPU. Unless ``all_logits``, the
     model computes the logits of the masked positions only; the other positions get conf 0 and the mask
-    token, which nothing reads (commits and drafts only look at masked positions)."""
+    token, which nothing reads (commits and drafts only look at masked positions). ``graphs``: the call
+    is a CUDA graph replay (``VerifyGraphs``)."""
     dev = cache.next_logits.device
     tokens, parent_ids = rows.to(dev), torch.tensor(parents, dtype=torch.long, device=dev)
     if all_logits:
-        mark_dynamic_shapes(tokens, parent_ids, cache)
-        conf, tok = confidence(model(tokens, parent_ids, cache), mask_id)
+        if graphs is not None:
+            logits = graphs(tokens, parent_ids, cache, None)
+        else:
+            mark_dynamic_shapes(tokens, parent_ids, cache)
+            logits = model(tokens, parent_ids, cache)
+        conf, tok = confidence(logits, mask_id)
         return conf.cpu(), tok.cpu()
     masked = (rows == mask_id).flatten().nonzero().flatten()
     positions = masked.to(dev)
-    mark_dynamic_shapes(tokens, parent_ids, cache, positions)
     try:
-        logits = model(tokens, parent_ids, cache, logit_positions=positions)
+        if graphs is not None:
+            logits = graphs(tokens, parent_ids, cache, positions)
+        else:
+            mark_dynamic_shapes(tokens, parent_ids, cache, positions)
+            logits = model(tokens, parent_ids, cache, logit_positions=positions)
     except TypeError as exc:
         if "logit_positions" not in str(exc):
             raise
@@ -169,13 +166,17 @@ def _verify(model, rows: torch.Tensor, parents: list[int], cache, mask_id: int, 
 
 
 def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, graph, stop_at_eos,
-            trace=None, compile_writes=False, all_logits=False) -> GenerateResult:
+            trace=None, compile_writes=False, all_logits=False, graphs: VerifyGraphs | None = None
+            ) -> GenerateResult:
     B, sb, mask_id, eos_id = _model_consts(model)
     eos = eos_id if stop_at_eos else None
     spiffy = mode == "spiffy" and draft_budget > 0 and graph is not None and len(graph) > 0
     writes = {"compiled": True} if compile_writes else {}  # other models' prefill need not take it
     t0 = time.perf_counter()
     cache = model.prefill(prompt_ids, **writes)
+    if graphs is not None:  # a static cache with room for every block this call may write
+        cache = graphs.attach(cache, prompt_ids.numel() + max_new_tokens)
+        captures0, replays0 = graphs.captures, graphs.replays
     nfe = 1
     out: list[int] = []
     steps: list[StepStats] = []
@@ -203,7 +204,7 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
                 rows = X.unsqueeze(0)
                 parents = [-1]
             # traces record every position's confidence: all logits there
-            conf, tok = _verify(model, rows, parents, cache, mask_id, all_logits or tb is not None)
+            conf, tok = _verify(model, rows, parents, cache, mask_id, all_logits or tb is not None, graphs)
             nfe += 1
             if tb is not None:
                 tb["states"].append(X.tolist())
@@ -239,12 +240,16 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
         cache = model.write_block(cache, X.to(cache.next_logits.device), **writes)
         nfe += 1
     wall = time.perf_counter() - t0
-    return GenerateResult(tokens=out, nfe=nfe, wall_time_s=wall, steps=steps, mode=mode, blocks=nblocks)
+    result = GenerateResult(tokens=out, nfe=nfe, wall_time_s=wall, steps=steps, mode=mode, blocks=nblocks)
+    if graphs is not None:
+        result.graph_captures, result.graph_replays = graphs.captures - captures0, graphs.replays - replays0
+    return result
 
 
 def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla", max_new_tokens: int = 128,
              threshold: float = 0.9, draft_budget: int = 8, draft_graph=None,
-             stop_at_eos: bool = True, compile_writes: bool = False, all_logits: bool = False) -> GenerateResult:
+             stop_at_eos: bool = True, compile_writes: bool = False, all_logits: bool = False,
+             cuda_graphs: bool | VerifyGraphs = False) -> GenerateResult:
     """Greedy block-diffusion decoding of ``prompt_ids`` (1-D int64).
 
     ``mode="vanilla"``: one forward per denoising step. ``mode="spiffy"``: each forward also verifies up
@@ -262,8 +267,26 @@ def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla", max_new_tok
     model whose forward takes no ``logit_positions``. By default it computes the masked positions' only
     (59-62% of a multi-branch call's rows on the trained model): the same tokens up to rounding, a
     smaller LM head and softmax.
+
+    ``cuda_graphs``: replay every verification call from a CUDA graph (``VerifyGraphs``: a static prefix
+    cache, one graph per branch count and padded logit-row count, captured on first use). ``True`` makes
+    a ``VerifyGraphs`` for this call; pass one ``VerifyGraphs(model)`` to every call to keep its graphs
+    from prompt to prompt. Same tokens as launched calls, up to the kernels' rounding; prefill and block
+    writes stay launched. A launched call is host-bound on the H200 (README "Launched calls"), so this
+    is where the forward's GPU speed, and SpecFold's folding, reach the decode loop.
     """
     _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes, all_logits)
+    if isinstance(cuda_graphs, VerifyGraphs):
+        if getattr(cuda_graphs.model, "_orig_mod", cuda_graphs.model) is not getattr(model, "_orig_mod", model):
+            raise ValueError("cuda_graphs: this VerifyGraphs was made for another model")
+        graphs = cuda_graphs
+    elif isinstance(cuda_graphs, bool):
+        graphs = VerifyGraphs(model) if cuda_graphs else None
+    else:
+        raise TypeError(f"cuda_graphs: expected a bool or a VerifyGraphs, got {type(cuda_graphs).__name__}")
+    if graphs is not None and graphs.replay == "cuda" and prompt_ids.device.type != "cuda":
+        raise ValueError(f"cuda_graphs: CUDA graphs need the model and prompt_ids on a CUDA device, got "
+                         f"{prompt_ids.device}; VerifyGraphs(model, replay='eager') runs the same loop without graphs")
     B = int(model.config.block_size)
     graph = None
     if mode == "spiffy":
@@ -272,7 +295,7 @@ def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla", max_new_tok
         load_draft_graph(draft_graph, B)  # still reject a malformed graph
     with torch.inference_mode():
         return _decode(model, prompt_ids, mode, max_new_tokens, float(threshold), draft_budget, graph,
-                       stop_at_eos, compile_writes=compile_writes, all_logits=all_logits)
+                       stop_at_eos, compile_writes=compile_writes, all_logits=all_logits, graphs=graphs)
 
 
 def record_traces(model, prompts, max_new_tokens: int = 128, threshold: float = 0.9,

@@ -224,9 +224,10 @@ class DecoderLayer(nn.Module):
     def mlp_out(self, h_mid: Tensor) -> Tensor:
         return self.mlp(self.post_attention_layernorm(h_mid))
 
-    def forward(self, h: Tensor, pos: PositionTables, k_pre: Tensor, v_pre: Tensor) -> Tensor:
+    def forward(self, h: Tensor, pos: PositionTables, k_pre: Tensor, v_pre: Tensor,
+                prefix_len: Tensor | None = None) -> Tensor:
         q, k, v = self.qkv(h, pos)
-        o = ops.branch_attention(q, k, v, k_pre, v_pre, self.scale)
+        o = ops.branch_attention(q, k, v, k_pre, v_pre, self.scale, prefix_len)
         h = h + self.attn_out(o)
         return h + self.mlp_out(h)
 
@@ -250,15 +251,31 @@ class PrefixCache:
     """The shared prefix K/V: one copy per layer, ``[Hkv, P, D]``, read by every branch through views.
 
     ``next_logits`` ([V]) predicts the token right after the prefix (the next block's seed).
+
+    A static cache (``BlockDiffusionLM.static_cache``) has a fixed capacity instead: ``[Hkv, capacity,
+    D]`` buffers whose first ``length`` keys are the prefix, the length also held on the device in
+    ``device_length`` (int64 [1]), which the verification forward reads (RoPE positions, the attention's
+    valid keys). Block writes copy into the buffers in place and update both lengths, so every tensor a
+    verification call reads keeps its address and shape from block to block: what a CUDA graph replay
+    needs (``decoding.cuda_graphs``).
     """
 
     keys: list[Tensor]
     values: list[Tensor]
     next_logits: Tensor | None
     owner: int
+    device_length: Tensor | None = None  # static caches only
+    static_length: int = 0               # static caches only: device_length's value, known to the host
 
     @property
     def length(self) -> int:
+        if self.device_length is not None:
+            return self.static_length
+        return int(self.keys[0].shape[1]) if self.keys else 0
+
+    @property
+    def capacity(self) -> int:
+        """Keys the buffers hold (= ``length`` for a dynamic cache)."""
         return int(self.keys[0].shape[1]) if self.keys else 0
 
 
@@ -340,11 +357,13 @@ class BlockDiffusionLM(nn.Module):
         n_rows, block = tokens.shape
         h = self.embed_tokens(tokens)
         h = ops.mark_branches(h, parents)
-        prefix_len = cache.keys[0].shape[1]
+        # A static cache's length lives on the device (the graph must not bake it in); a dynamic cache's
+        # is its shape.
+        prefix_len = cache.keys[0].shape[1] if cache.device_length is None else cache.device_length
         positions = torch.arange(block, device=tokens.device) + prefix_len
         pos = self.position_tables(positions)
         for layer, k_pre, v_pre in zip(self.layers, cache.keys, cache.values):
-            h = layer(h, pos, k_pre, v_pre)
+            h = layer(h, pos, k_pre, v_pre, cache.device_length)
         if logit_positions is not None:
             # Gather the rows first: the final norm and the head are row-wise. The shift is an index here.
             rows = self.logit_rows(logit_positions, block)
@@ -377,7 +396,14 @@ class BlockDiffusionLM(nn.Module):
             raise ValueError("cache: this prefix cache was built by another model")
         if len(cache.keys) != len(self.layers) or len(cache.values) != len(self.layers):
             raise ValueError(f"cache: expected {len(self.layers)} layers, got {len(cache.keys)}")
-        if cache.length + tokens.shape[1] > self.config.max_position_embeddings:
+        # A static cache's host length is read in eager mode only: a compiled graph would specialise on it
+        # and recompile at every block (decoding checks its lengths on the host before each call).
+        static = cache.device_length is not None
+        if static and cache.device_length.device != tokens.device:
+            raise ValueError(f"cache: device_length must be on the device of tokens ({tokens.device}), got "
+                             f"{cache.device_length.device}")
+        if (not static or not torch.compiler.is_compiling()) and \
+                cache.length + tokens.shape[1] > self.config.max_position_embeddings:
             raise ValueError(f"cache: prefix length {cache.length} + block {tokens.shape[1]} exceeds "
                              f"max_position_embeddings={self.config.max_position_embeddings}")
         if logit_positions is not None and (not isinstance(logit_positions, Tensor) or logit_positions.dim() != 1
@@ -388,8 +414,8 @@ class BlockDiffusionLM(nn.Module):
         if logit_positions is not None and logit_positions.device != tokens.device:
             raise ValueError(f"logit_positions: expected the device of tokens ({tokens.device}), got "
                              f"{logit_positions.device}")
-        if torch.compiler.is_compiling():
-            return
+        if torch.compiler.is_compiling() or (tokens.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return  # (nothing may read a value back while a CUDA graph is being captured)
         validate_parents(parents)
         if logit_positions is not None and logit_positions.numel():
             lo, hi = int(logit_positions.min()), int(logit_positions.max())
@@ -475,9 +501,37 @@ class BlockDiffusionLM(nn.Module):
         return self.write_block(self.empty_cache(prompt_ids.device), prompt_ids, causal=True, compiled=compiled)
 
     @torch.no_grad()
+    def static_cache(self, cache: PrefixCache, capacity: int | None = None, out: PrefixCache | None = None
+                     ) -> PrefixCache:
+        """``cache``'s prefix in a static cache (``PrefixCache``): new buffers of ``capacity`` keys, or
+        copied into the static cache ``out`` in place (its buffers, device length and so any CUDA graph
+        captured on it stay valid). Capacity beyond the prefix is for the blocks ``write_block`` adds."""
+        if not isinstance(cache, PrefixCache) or cache.owner != self.model_uid:
+            raise TypeError("cache: expected a PrefixCache of this model (from model.prefill)")
+        length = cache.length
+        if out is None:
+            if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < max(length, 1):
+                raise ValueError(f"capacity: expected an int >= the prefix length {max(length, 1)}, got {capacity!r}")
+            dev = cache.keys[0].device
+            shape = (self.config.num_kv_heads, capacity, self.config.head_dim)
+            out = PrefixCache([cache.keys[0].new_zeros(shape) for _ in cache.keys],
+                              [cache.values[0].new_zeros(shape) for _ in cache.values], None, self.model_uid,
+                              torch.zeros(1, dtype=torch.int64, device=dev), 0)
+        elif not isinstance(out, PrefixCache) or out.device_length is None or out.owner != self.model_uid:
+            raise TypeError("out: expected a static PrefixCache of this model (from model.static_cache)")
+        elif out.capacity < length:
+            raise ValueError(f"out: capacity {out.capacity} is below the prefix length {length}")
+        for buf, src in zip((*out.keys, *out.values), (*cache.keys, *cache.values)):
+            buf[:, :length].copy_(src[:, :length])
+        out.device_length.fill_(length)
+        out.static_length, out.next_logits = length, cache.next_logits
+        return out
+
+    @torch.no_grad()
     def write_block(self, cache: PrefixCache, block_tokens: Tensor, causal: bool | None = None,
                     compiled: bool = False) -> PrefixCache:
-        """Append a finished block to the prefix cache (returns a new cache).
+        """Append a finished block to the prefix cache (returns a new cache; a static cache is updated in
+        place and returned: its buffers keep their addresses).
 
         Fast-dLLM v2 writes the block attending bidirectionally to itself; NLD writes it causally.
         The last position's logits become ``next_logits`` (the next block's seed).
@@ -499,8 +553,15 @@ class BlockDiffusionLM(nn.Module):
         if p + s > self.config.max_position_embeddings:
             raise ValueError(f"block_tokens: prefix length {p} + {s} tokens exceeds "
                              f"max_position_embeddings={self.config.max_position_embeddings}")
+        static = cache.device_length is not None
+        if static and p + s > cache.capacity:
+            raise ValueError(f"block_tokens: prefix length {p} + {s} tokens exceeds the static cache's capacity "
+                             f"{cache.capacity}")
         if s and (int(block_tokens.min()) < 0 or int(block_tokens.max()) >= self.config.vocab_size):
             raise ValueError(f"block_tokens: ids must lie in [0, {self.config.vocab_size})")
+        # A static cache's valid prefix: views of its buffers
+        keys_in = cache.keys if not static else [t[:, :p] for t in cache.keys]
+        values_in = cache.values if not static else [t[:, :p] for t in cache.values]
         append = self.append_block
         if compiled:
             append = self.compiled_append_block()
@@ -509,10 +570,17 @@ class BlockDiffusionLM(nn.Module):
             if s > 1 and p == 0:
                 torch._dynamo.maybe_mark_dynamic(block_tokens, 0)
             if p > 1:
-                for t in (*cache.keys, *cache.values):
+                for t in (*keys_in, *values_in):
                     torch._dynamo.maybe_mark_dynamic(t, 1)
-        keys, values, next_logits = append(cache.keys, cache.values, block_tokens, bool(causal))
-        return PrefixCache(keys, values, next_logits, self.model_uid)
+        keys, values, next_logits = append(keys_in, values_in, block_tokens, bool(causal))
+        if not static:
+            return PrefixCache(keys, values, next_logits, self.model_uid)
+        # The block's K/V, computed over the valid prefix, copied into the buffers after it
+        for buf, new in zip((*cache.keys, *cache.values), (*keys, *values)):
+            buf[:, p:p + s].copy_(new[:, p:])
+        cache.device_length.fill_(p + s)
+        cache.static_length, cache.next_logits = p + s, next_logits
+        return cache
 
     def append_block(self, keys: list[Tensor], values: list[Tensor], block_tokens: Tensor, causal: bool
                      ) -> tuple[list[Tensor], list[Tensor], Tensor]:

@@ -88,7 +88,7 @@ def lower_kernels(gm: GraphModule, settings: Any) -> GraphModule:
         for gate in layer.gates:
             gate.args = (*gate.args[:5], impl, *gate.args[6:])
         if getattr(layer, "attention", None) is not None and layer.attention.target is fold_ops.FOLDED_ATTENTION:
-            layer.attention.args = (*layer.attention.args[:8], impl)
+            layer.attention.args = (*layer.attention.args[:8], impl, *layer.attention.args[9:])
         lowered: dict[Node, dict[str, Node]] = {}
         for lin, plan in layer.packed_linears:
             x, weight = lin.args[0], lin.args[1]

@@ -314,3 +314,35 @@ def test_rewritten_graph_through_aot_eager(model_cache):
     out = out[0] if isinstance(out, (tuple, list)) else out
     expected = expected[0] if isinstance(expected, (tuple, list)) else expected
     assert_close(out, expected, tol=1e-6, what="aot_eager on the rewritten graph")
+
+
+# --- static prefix cache (CUDA-graph decode loops) -------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy scalar conversion inside the interpreter
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_static_cache_folds_like_the_dynamic_cache_without_recompiling(kernels, monkeypatch):
+    """A static cache (fixed capacity, random values past its length, the length on the device) through
+    the folded graph: the dynamic cache's results block after block, with the valid length reaching
+    the attention op, and one graph for every block (the length is data, not a shape)."""
+    from specfold_compile import kernels as kernel_mod
+
+    if kernels == "triton" and not kernel_mod.triton_available():
+        pytest.skip("triton is not importable here (or neither CUDA nor TRITON_INTERPRET=1)")
+    model = ModelSpec(family="fast-dllm-v2", layers=1, hidden=32, head_dim=8, block=8, seed=3).build()
+    dyn = make_cache(model, prompt_len=5, seed=1)
+    static = model.static_cache(dyn, capacity=40)
+    backend = CountingBackend(tau=0.3, kernels=kernels)
+    compiled = torch.compile(model, backend=backend)
+    gen = torch.Generator().manual_seed(0)
+    for block in range(3):
+        for buf in (*static.keys, *static.values):  # junk past the length: nothing may read it
+            buf[:, static.length:] = 100 * torch.randn(buf[:, static.length:].shape, generator=gen)
+        tokens, parents = make_tree(model, 5, "realistic", block)
+        with collect_stats() as s:
+            out = compiled(tokens, parents, static)
+        assert len(s.fold_masks) == 1
+        ref, _ = folded_verify(model, tokens, parents, dyn, 0.3, fold_masks=s.fold_masks)
+        assert_close(out, ref, what=f"block {block}, prefix length {dyn.length}")
+        written = tokens[0].clone().masked_fill_(tokens[0] == model.config.mask_token_id, 3)
+        dyn, static = model.write_block(dyn, written), model.write_block(static, written)
+    assert len(backend.graphs) == 1, f"{len(backend.graphs)} graphs compiled for one static cache"

@@ -13,18 +13,7 @@ from specfold_compile.decoding import calibrate, generate, load_draft_graph, rec
 PROMPTS = [[5, 6, 7, 8, 9], [20, 3, 44], [2, 90, 17, 33, 4, 61, 12]]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # tiny matmuls: thread oversubscription on a shared 2-core box costs 100x
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module", params=["tiny-fast-dllm-v2", "tiny-nld"])
-def model(request):
-    return build(request.param, seed=0)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the real tiny models: conftest.py
 
 
 def test_p5_real_tiny(model):

@@ -1,0 +1,144 @@
+"""CUDA graphs in the decode loop: each verification shape is captured once and replayed.
+
+Why: launched from the host, a verification call is host-bound on the H200's host (README "Launched
+calls": 10-29 ms dense under Inductor, 34-58 ms folded, against 2-15 ms of GPU time), so a loop that
+launches its calls gets neither the forward's GPU speed nor SpecFold's gain; replays get both.
+
+What makes a call replayable is that every tensor it reads keeps its address and shape. The prefix
+cache is static (``model.static_cache``: fixed capacity, its length on the device, block writes in
+place), so a call's shapes depend only on the branch count N and the number M of logit rows; M is padded
+to a power of two (at least ``MIN_LOGIT_ROWS``, at most N * B) by repeating the last position, whose
+extra logits are dropped. One graph per (N, padded M), captured the first time that shape comes, right
+after one launched call with the same inputs, which compiles, autotunes and warms (a SpecFold-compiled
+model's first launched call at an N also runs its folded graph once, and captured calls fold:
+``fold_launched``). Every graph reads the same input buffers and the same static cache, and all share
+one memory pool: calls run one at a time and each call's logits are read before the next replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .dynamic import mark_dynamic_shapes
+
+__all__ = ["VerifyGraphs", "logit_rows_bucket", "MIN_LOGIT_ROWS", "CAPACITY_STEP", "REPLAYS"]
+
+MIN_LOGIT_ROWS = 16
+CAPACITY_STEP = 256   # static caches are allocated in multiples of this many keys, so prompts share graphs
+REPLAYS = ("cuda", "eager")
+
+
+def logit_rows_bucket(m: int, rows: int) -> int:
+    """The padded logit row count for ``m`` rows of a call with ``rows`` = N * B positions: the next
+    power of two, at least MIN_LOGIT_ROWS, at most ``rows`` (at most 2x the LM head's rows, and about
+    log2(N * B) graphs per N instead of N * B)."""
+    if m < 1 or m > rows:
+        raise ValueError(f"m: expected 1 <= m <= rows = {rows}, got {m}")
+    return min(rows, max(MIN_LOGIT_ROWS, 1 << (m - 1).bit_length()))
+
+
+@dataclass
+class _Graph:
+    tokens: Tensor           # [N, B] int64, the call's input buffers
+    parents: Tensor          # [N]
+    positions: Tensor | None  # [M padded] or None (every position's logits)
+    logits: Tensor           # the output buffer the replay writes
+    replay: object           # () -> None
+
+
+class VerifyGraphs:
+    """The verification calls of a decode loop as CUDA graph replays (``generate(..., cuda_graphs=...)``).
+
+    Keep one across ``generate`` calls (one model, one process) to reuse its static cache and graphs:
+    ``attach`` copies each new prompt's prefix into the same buffers when they are large enough.
+    ``replay="eager"`` runs the same bookkeeping (static cache, input buffers, padded positions, one
+    entry per shape) with the model called again instead of a graph replayed: for the CPU, for tests,
+    and to bisect a wrong result between the bookkeeping and the capture.
+    """
+
+    def __init__(self, model, replay: str = "cuda"):
+        if replay not in REPLAYS:
+            raise ValueError(f"replay: expected one of {REPLAYS}, got {replay!r}")
+        self.model = model
+        self.replay = replay
+        self.cache = None                   # the static cache the graphs read
+        self.graphs: dict[tuple[int, int | None], _Graph] = {}
+        self.captures = 0
+        self.replays = 0
+        self._pool = None
+
+    def attach(self, cache, needed: int):
+        """The static cache holding ``cache``'s prefix (a prefill's), with room for ``needed`` keys: the
+        buffers already captured on if large enough (graphs stay valid), else new buffers of ``needed``
+        rounded up to CAPACITY_STEP (graphs dropped)."""
+        base = getattr(self.model, "_orig_mod", self.model)  # a torch.compile'd model's module
+        if self.cache is not None and self.cache.capacity >= needed and self.cache.keys[0].device == cache.keys[0].device:
+            return base.static_cache(cache, out=self.cache)
+        self.graphs.clear()
+        capacity = -(-needed // CAPACITY_STEP) * CAPACITY_STEP
+        self.cache = base.static_cache(cache, capacity)
+        return self.cache
+
+    def __call__(self, tokens: Tensor, parents: Tensor, cache, positions: Tensor | None) -> Tensor:
+        """Logits of one verification call: [M, V] for ``positions`` [M], or [N, B, V] for None."""
+        if cache is not self.cache:
+            raise ValueError("cache: expected the static cache returned by attach (and write_block on it)")
+        n, block = tokens.shape
+        max_pos = self.model.config.max_position_embeddings
+        if cache.length + block > max_pos:  # the graph cannot check it: nothing on the host runs in a replay
+            raise ValueError(f"cache: prefix length {cache.length} + block {block} exceeds "
+                             f"max_position_embeddings={max_pos}")
+        m = None if positions is None else positions.shape[0]
+        key = (n, None if m is None else logit_rows_bucket(m, n * block))
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self.graphs[key] = self._capture(tokens, parents, positions, key[1])
+            self.captures += 1
+        else:
+            self._load(graph, tokens, parents, positions)
+            graph.replay()
+            self.replays += 1
+        return graph.logits if m is None else graph.logits[:m]
+
+    @staticmethod
+    def _load(graph: _Graph, tokens, parents, positions) -> None:
+        graph.tokens.copy_(tokens)
+        graph.parents.copy_(parents)
+        if positions is not None:
+            m = positions.shape[0]
+            graph.positions[:m].copy_(positions)
+            graph.positions[m:].copy_(positions[-1:].expand(graph.positions.shape[0] - m))
+
+    def _capture(self, tokens, parents, positions, m_pad) -> _Graph:
+        graph = _Graph(torch.empty_like(tokens), torch.empty_like(parents),
+                       None if positions is None else positions.new_empty(m_pad), None, None)
+        self._load(graph, tokens, parents, positions)
+        mark_dynamic_shapes(graph.tokens, graph.parents, self.cache, graph.positions)
+
+        def call():
+            if graph.positions is None:
+                return self.model(graph.tokens, graph.parents, self.cache)
+            return self.model(graph.tokens, graph.parents, self.cache, logit_positions=graph.positions)
+
+        if self.replay == "eager":
+            graph.logits = call()
+            graph.replay = lambda: graph.logits.copy_(call())
+            return graph
+        # The launched call first (compiles, autotunes, warms; on a side stream, as torch.cuda.graph's
+        # recipe asks), then the capture, whose run also computes this call's logits.
+        side = torch.cuda.Stream(device=tokens.device)
+        side.wait_stream(torch.cuda.current_stream(tokens.device))
+        with torch.cuda.stream(side):
+            call()
+        torch.cuda.current_stream(tokens.device).wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph, pool=self._pool):
+            graph.logits = call()
+        graph.replay = cuda_graph.replay
+        cuda_graph.replay()  # the capture only recorded the kernels: run them for this call's logits
+        return graph

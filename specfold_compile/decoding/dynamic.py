@@ -1,0 +1,22 @@
+"""Which sizes of a verification call a compiled model should trace as dynamic."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["mark_dynamic_shapes"]
+
+
+def mark_dynamic_shapes(tokens: torch.Tensor, parents: torch.Tensor, cache,
+                        logit_positions: torch.Tensor | None = None) -> None:
+    """The branch count, the prefix length and the number of masked positions change from call to call:
+    mark them so a compiled model traces them as dynamic from the start (one graph per size class, not
+    one per size). N = 1 stays specialised, as torch.compile specialises sizes 0 and 1 anyway."""
+    if parents.numel() > 1:
+        torch._dynamo.maybe_mark_dynamic(tokens, 0)
+        torch._dynamo.maybe_mark_dynamic(parents, 0)
+    if logit_positions is not None and logit_positions.numel() > 1:
+        torch._dynamo.maybe_mark_dynamic(logit_positions, 0)
+    for t in (*getattr(cache, "keys", ()), *getattr(cache, "values", ())):
+        if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[1] > 1:
+            torch._dynamo.maybe_mark_dynamic(t, 1)

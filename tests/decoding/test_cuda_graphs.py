@@ -1,0 +1,127 @@
+"""CUDA graphs in the decode loop: the static prefix cache and ``VerifyGraphs``' bookkeeping.
+
+On the CPU the graphs are replayed eagerly (``replay="eager"``): the same static cache, input buffers,
+padded logit positions and one entry per shape, the model called again where a GPU replays the capture.
+The capture itself runs on the GPU machine (``bench/gpu_session.sh``'s decode-loop part)."""
+
+import pytest
+import torch
+
+from specfold_compile.decoding import VerifyGraphs, generate, logit_rows_bucket
+from specfold_compile.models import build
+
+PROMPTS = [[5, 6, 7, 8, 9], [2, 90, 17, 33, 4, 61, 12]]
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # the real tiny models: conftest.py
+
+
+def _junk_beyond_length(cache, seed):
+    """Fill a static cache's unused capacity with random values: nothing may read them."""
+    g = torch.Generator().manual_seed(seed)
+    for buf in (*cache.keys, *cache.values):
+        buf[:, cache.length:] = torch.randn(buf[:, cache.length:].shape, generator=g)
+
+
+def test_logit_rows_bucket():
+    assert [logit_rows_bucket(m, 544) for m in (1, 16, 17, 100, 256, 257, 544)] == [16, 16, 32, 128, 256, 512, 544]
+    assert logit_rows_bucket(5, 8) == 8  # never above N * B
+    for m in range(1, 289):
+        b = logit_rows_bucket(m, 288)
+        assert m <= b <= 288 and (b == 288 or b <= max(16, 2 * m))
+    with pytest.raises(ValueError, match="m: expected"):
+        logit_rows_bucket(0, 32)
+    with pytest.raises(ValueError, match="m: expected"):
+        logit_rows_bucket(33, 32)
+
+
+def test_static_cache_verify_and_writes_match_the_dynamic_cache(model):
+    """The verification forward on a static cache (junk in its spare capacity) gives the dynamic cache's
+    logits, block after block; block writes fill the buffers in place."""
+    g = torch.Generator().manual_seed(1)
+    B, V = model.config.block_size, model.config.vocab_size
+    dyn = model.prefill(torch.randint(0, V, (9,), generator=g))
+    static = model.static_cache(dyn, capacity=9 + 3 * B + 5)
+    buffers = [t.data_ptr() for t in (*static.keys, *static.values)]
+    for block in range(3):
+        _junk_beyond_length(static, block)
+        assert static.length == dyn.length and int(static.device_length) == dyn.length
+        tokens = torch.randint(0, V, (4, B), generator=g)
+        parents = torch.tensor([-1, 0, 0, 1])
+        positions = torch.randperm(4 * B, generator=g)[:37]
+        torch.testing.assert_close(model(tokens, parents, static, logit_positions=positions),
+                                   model(tokens, parents, dyn, logit_positions=positions))
+        torch.testing.assert_close(model(tokens, parents, static), model(tokens, parents, dyn))
+        written = torch.randint(0, V, (B,), generator=g)
+        dyn = model.write_block(dyn, written)
+        assert model.write_block(static, written) is static
+        torch.testing.assert_close(static.next_logits, dyn.next_logits)
+        for buf, ref in zip((*static.keys, *static.values), (*dyn.keys, *dyn.values)):
+            torch.testing.assert_close(buf[:, :dyn.length], ref)
+    assert [t.data_ptr() for t in (*static.keys, *static.values)] == buffers
+
+
+def test_static_cache_errors(model):
+    B, V = model.config.block_size, model.config.vocab_size
+    dyn = model.prefill(torch.arange(5) % V)
+    with pytest.raises(ValueError, match="capacity"):
+        model.static_cache(dyn, capacity=4)
+    with pytest.raises(ValueError, match="capacity"):
+        model.static_cache(dyn)
+    static = model.static_cache(dyn, capacity=5 + B - 1)
+    with pytest.raises(ValueError, match="capacity"):
+        model.write_block(static, torch.zeros(B, dtype=torch.long))
+    with pytest.raises(TypeError, match="out"):
+        model.static_cache(dyn, out=dyn)
+    other = build("tiny-nld" if model.config.family != "nld" else "tiny-fast-dllm-v2", seed=0)
+    with pytest.raises(TypeError, match="cache"):
+        model.static_cache(other.prefill(torch.arange(3)), capacity=8)
+
+
+@pytest.mark.parametrize("all_logits", [False, True])
+def test_generate_with_graphs_matches_launched_calls(model, all_logits):
+    """Same tokens, forwards and accepted drafts as launched calls; one entry per (N, padded M), reused
+    from prompt to prompt while the static cache is large enough."""
+    graphs = VerifyGraphs(model, replay="eager")
+    seen = 0
+    for i, p in enumerate(PROMPTS):
+        p = torch.tensor(p)
+        for threshold in (0.9, 0.5):
+            kw = dict(mode="spiffy", max_new_tokens=48, threshold=threshold, draft_budget=8, all_logits=all_logits)
+            ref = generate(model, p, **kw)
+            out = generate(model, p, cuda_graphs=graphs, **kw)
+            assert out.tokens == ref.tokens and out.nfe == ref.nfe
+            assert [s.accepted for s in out.steps] == [s.accepted for s in ref.steps]
+            assert out.graph_captures + out.graph_replays == out.num_calls
+            seen += out.num_calls
+    assert graphs.captures == len(graphs.graphs) and graphs.captures + graphs.replays == seen
+    assert graphs.replays > graphs.captures  # shapes recur
+    if all_logits:
+        assert all(m is None for _, m in graphs.graphs)
+    assert graphs.cache.capacity == 256  # 7 + 48 keys, rounded up to CAPACITY_STEP
+
+
+def test_graphs_kept_while_the_cache_is_large_enough(model):
+    graphs = VerifyGraphs(model, replay="eager")
+    p = torch.tensor(PROMPTS[0])
+    generate(model, p, mode="spiffy", max_new_tokens=32, cuda_graphs=graphs)
+    cache, captured = graphs.cache, dict(graphs.graphs)
+    again = generate(model, p, mode="spiffy", max_new_tokens=32, cuda_graphs=graphs)
+    assert graphs.cache is cache and again.graph_captures == 0 and graphs.graphs == captured
+    big = generate(model, p, mode="spiffy", max_new_tokens=300, cuda_graphs=graphs, stop_at_eos=False)
+    assert graphs.cache is not cache and graphs.cache.capacity == 512 and big.graph_captures >= 1
+
+
+def test_cuda_graphs_bad_inputs(model):
+    p = torch.tensor(PROMPTS[0])
+    with pytest.raises(TypeError, match="cuda_graphs"):
+        generate(model, p, cuda_graphs="yes")
+    with pytest.raises(ValueError, match="cuda_graphs: CUDA graphs need"):
+        generate(model, p, cuda_graphs=True)  # a CPU model: only replay="eager" runs here
+    with pytest.raises(ValueError, match="another model"):
+        generate(model, p, cuda_graphs=VerifyGraphs(build("tiny-nld", seed=1), replay="eager"))
+    with pytest.raises(ValueError, match="replay"):
+        VerifyGraphs(model, replay="graph")
+    graphs = VerifyGraphs(model, replay="eager")
+    with pytest.raises(ValueError, match="attach"):
+        graphs(torch.zeros(1, model.config.block_size, dtype=torch.long), torch.tensor([-1]), model.prefill(p), None)
