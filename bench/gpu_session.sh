@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -46,6 +46,11 @@ case "$part" in
                   run --suite writes --prefixes 512 --budget 150 ;;
   launch)         # where a launched call's host time goes (dense under Inductor and SpecFold, N = 1 and 17, ~3 min a shape)
                   run --suite launch --logit-fraction 0.6 ;;
+  decode_loop)    # session 14: generate() with CUDA-graph verification calls against launched ones: the trained model's
+                  # task suite (~2.5 min) or one decode step's call at real shapes (~3.5 min a shape):
+                  # bash bench/gpu_session.sh decode_loop --decode-parts trained --limit 20 --repeats 3
+                  # bash bench/gpu_session.sh decode_loop --decode-parts shape --models fast-dllm-v2-1.5b,fast-dllm-v2-7b
+                  run --suite decode_loop --draft-budget 16 ;;
   end_to_end)     run --suite end_to_end --limit 20 --draft-budget 16 --latencies bench/results/h200/per_check.json --budget 300 ;;
   kernels)        for k in gate attention; do
                     python bench/kernels/bench_$k.py --out "$OUT/bench_$k.json" 2>&1 | tail -n 3 | tee -a "$OUT/log.txt"

@@ -18,6 +18,9 @@ the same names) with options["inductor"]=False or options["gate_flags"]="graph".
               per_check's format (mode write / write_compiled), to merge into per_check.json.
   launch      host dispatch of one verification call: CUDA-graph against launched latency (plain calls,
               as generate runs them), host time to enqueue, CUDA launches per call, cProfile of the host.
+  decode_loop generate() with every verification call replayed from a CUDA graph (cuda_graphs) against
+              launched calls: the trained model's task suite (real tokens/s, same tokens), and ms per
+              verification step at real shapes (--models, default the 1.5B).
 per_check and writes rows carry both ``ms`` (CUDA-graph replays) and ``launched_ms`` (plain calls each
 waited for); ``bench.project`` projects decoding with either.
 """
@@ -740,8 +743,20 @@ def suite_end_to_end(args) -> list[dict]:
     return rows
 
 
+def suite_decode_loop(args) -> list[dict]:
+    """generate() with CUDA-graph verification calls against launched ones (bench/decode_loop.py): the
+    trained model's task suite, and ms per verification step at the --models shapes (default 1.5B)."""
+    from .decode_loop import shape_rows, trained_rows
+
+    rows = trained_rows(args, DEVICE, KERNELS, _device_name()) if "trained" in args.decode_parts else []
+    if "shape" in args.decode_parts:
+        rows += shape_rows(args, DEVICE, KERNELS, _device_name(), _model, args.models or MODELS[:1])
+    return rows
+
+
 SUITES = {"check": suite_check, "per_check": suite_per_check, "memory": suite_memory, "breakdown": suite_breakdown,
-          "end_to_end": suite_end_to_end, "writes": suite_writes, "launch": suite_launch}
+          "end_to_end": suite_end_to_end, "writes": suite_writes, "launch": suite_launch,
+          "decode_loop": suite_decode_loop}
 
 
 def main(argv=None) -> int:
@@ -795,6 +810,8 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-budget", type=int, default=16, help="Spiffy D* (end_to_end)")
     ap.add_argument("--repeats", type=int, default=5,
                     help="end_to_end: timed passes (modes alternate per problem; median per problem)")
+    ap.add_argument("--decode-parts", type=lambda v: tuple(v.split(",")), default=("trained", "shape"),
+                    help="decode_loop: trained (the task suite), shape (ms per step at --models), or both")
     args = ap.parse_args(argv)
     unknown = sorted(set(args.ratios or ()) - set(CHANGED_FOR_RATIO))
     if unknown:  # a filter that matches nothing would drop every SpecFold row without a word

@@ -1,0 +1,196 @@
+"""The ``decode_loop`` suite: ``generate`` with CUDA-graph verification calls against launched ones.
+
+* The trained model on the task suite (``--limit`` problems a task): real tokens/s of each mode with
+  launched calls and with ``cuda_graphs`` (one ``VerifyGraphs`` a mode, kept across problems), accuracy,
+  and the share of problems whose tokens equal the launched loop's (SpecFold's captured calls fold while
+  its launched ones run the plain graph, so its tokens may differ there; every other mode must agree).
+* Real shapes (``--models``, random bf16 weights, a 512-token prefix in a static cache of 768 keys):
+  one decode step's verification call as ``generate`` makes it (``decoder._verify``: inputs from the
+  host, the masked positions' logits, confidences back to the host), launched and replayed from a CUDA
+  graph, at N = 1, 9 and 17, for Spiffy under Inductor and SpecFold; and the static cache's logits
+  against the dynamic cache's (eager model). Random weights decode nothing meaningful, so these rows are
+  per-call costs with the loop's own transfers, not a decoding speed.
+
+Warm-up passes (compiles, autotuning, captures) are timed apart from the timed passes.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import torch
+
+from specfold_compile.backend import collect_stats, fold_launched_calls, specfold_backend
+from specfold_compile.decoding import VerifyGraphs, generate
+
+from .common import draft_tokens, draft_tree
+
+LOOPS = ("launched", "cuda_graphs")
+TAU = 0.3  # per_check's: with 6 of 32 positions changed, recompute ratio ~0.19
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _allow_many_graphs() -> None:
+    """Several backends compile the same ``forward`` here, each for a dynamic and a static cache and for
+    N = 1 and N > 1: more than Dynamo's default 8 entries per code object, past which it runs the
+    frame eager without a compile (session 14's first run hit it; those rows were discarded)."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+
+
+def _graphs(target, device: str) -> VerifyGraphs:
+    return VerifyGraphs(target, replay="cuda" if device == "cuda" else "eager")
+
+
+def trained_rows(args, device: str, kernels: str, device_name: str) -> list[dict]:
+    from specfold_compile.loading import DEFAULT_MODEL_DIR, encode, load_model
+    from specfold_compile.tasks import TASKS, sample, score_many
+
+    from pathlib import Path
+
+    _allow_many_graphs()
+    model = load_model(None, device=device)
+    graph_file = Path(DEFAULT_MODEL_DIR) / "draft_graph.json"
+    draft_graph = str(graph_file) if graph_file.is_file() else None
+    options = {"tau": 0.1, "kernels": kernels}
+    targets = {"vanilla": model, "spiffy": model, "spiffy_compiled": torch.compile(model),
+               "specfold": torch.compile(model, backend=specfold_backend, options=options),
+               "specfold_fold_all": torch.compile(model, backend=specfold_backend,
+                                                  options={**options, "fold_min_branches": 2})}
+    graphs = {mode: _graphs(target, device) for mode, target in targets.items()}
+    limit = min(args.limit, 5) if args.quick else args.limit
+    rows = []
+    for task in TASKS:
+        problems = sample(task, "test", limit, 0)
+        prompts = [encode(model, prob.prompt).to(device) for prob in problems]
+
+        def run(mode, loop, prompt):
+            return generate(targets[mode], prompt, mode="vanilla" if mode == "vanilla" else "spiffy",
+                            max_new_tokens=96, draft_budget=args.draft_budget, draft_graph=draft_graph,
+                            compile_writes=mode not in ("vanilla", "spiffy"),
+                            cuda_graphs=graphs[mode] if loop == "cuda_graphs" else False)
+
+        warm_s, captures = {}, {}
+        for mode in targets:
+            for loop in LOOPS:
+                t0 = time.monotonic()
+                captured = sum(run(mode, loop, p).graph_captures for p in prompts)
+                warm_s[mode, loop], captures[mode, loop] = time.monotonic() - t0, captured
+        walls = {key: [[] for _ in prompts] for key in warm_s}
+        results: dict = {}
+        for rep in range(args.repeats):  # modes and loops alternate problem by problem (drift hits all alike)
+            for i, prompt in enumerate(prompts):
+                for key in walls:
+                    res = run(*key, prompt)
+                    walls[key][i].append(res.wall_time_s)
+                    if rep == 0:
+                        results.setdefault(key, []).append(res)
+        eos = model.config.eos_token_id
+        for (mode, loop), res_list in results.items():
+            texts = [model.tokenizer.decode(r.tokens[:r.tokens.index(eos)] if eos in r.tokens else r.tokens,
+                                            skip_special_tokens=True) for r in res_list]
+            tokens = sum(len(r.tokens) for r in res_list)
+            wall = sum(statistics.median(w) for w in walls[mode, loop])
+            same = [a.tokens == b.tokens for a, b in zip(res_list, results[mode, "launched"])]
+            rows.append({"part": "trained", "task": task, "mode": mode, "loop": loop, "n": len(problems),
+                         "tokens": tokens, "tokens_per_s": tokens / wall,
+                         "accuracy": sum(score_many(problems, texts)) / len(problems),
+                         "nfe": sum(r.nfe for r in res_list) / len(problems),
+                         "same_tokens_as_launched": sum(same) / len(same),
+                         "warmup_s": warm_s[mode, loop], "graph_captures": captures[mode, loop],
+                         "kind": f"measured (trained 3.8M model, {device_name})"})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _masked_rows(cfg, n_rows: int, changed: int, seed: int) -> tuple[torch.Tensor, list[int]]:
+    """CPU rows of a decode step: a main block with its last 60% masked (the loop's share of logits) and
+    drafts each changing ``changed`` positions of their parent (``bench.common.draft_tokens``)."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = min(cfg.vocab_size, 30000)
+    main = torch.randint(0, vocab, (cfg.block_size,), generator=gen)
+    main[round(0.4 * cfg.block_size):] = cfg.mask_token_id
+    parents = draft_tree(n_rows)
+    return draft_tokens(main, parents, changed, vocab, gen), parents
+
+
+def _median_ms(fn, device: str, calls: int = 20) -> float:
+    times = []
+    for _ in range(calls):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()  # returns CPU tensors: waited for
+        times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def shape_rows(args, device: str, kernels: str, device_name: str, build_model, models) -> list[dict]:
+    """One decode step's verification call as ``generate`` makes it (``decoder._verify``: rows and parents
+    from the host, logits of the masked positions, confidences back to the host), launched and replayed,
+    at N = 1, 9 and 17 with drafts changing 6 of 32 positions (recompute ratio ~0.19 at tau = 0.3, as
+    per_check's 0.25 target). Both loops read a static cache of 768 keys holding a 512-token prefix
+    (what ``generate`` allocates for 256 new tokens), so each mode compiles once; the eager model checks
+    the static cache against the dynamic one at this shape (bf16)."""
+    from specfold_compile.decoding.decoder import _verify
+
+    _allow_many_graphs()
+    rows = []
+    for name in models:
+        model = build_model(args, name)
+        cfg = model.config
+        gen = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, min(cfg.vocab_size, 30000), (512,), generator=gen).to(device)
+        dyn = model.prefill(prompt)
+        targets = {"spiffy_compiled": torch.compile(model),
+                   "specfold": torch.compile(model, backend=specfold_backend, options={"tau": TAU, "kernels": kernels})}
+        # the static cache against the dynamic one, eager model, N = 17
+        rows17, parents17 = _masked_rows(cfg, 17, 6, 17)
+        check = VerifyGraphs(model, replay="eager")
+        static = check.attach(dyn, 512 + 256)
+        tokens, parent_ids = rows17.to(device), torch.tensor(parents17, device=device)
+        positions = (rows17 == cfg.mask_token_id).flatten().nonzero().flatten().to(device)
+        ref = model(tokens, parent_ids, dyn, logit_positions=positions).float()
+        out = model(tokens, parent_ids, static, logit_positions=positions).float()
+        rows.append({"part": "shape_check", "model": name, "prefix": 512, "capacity": static.capacity,
+                     "rel_err_static_vs_dynamic": float((out - ref).norm() / ref.norm()),
+                     "argmax_agree": float((out.argmax(-1) == ref.argmax(-1)).float().mean())})
+        print(json.dumps(rows[-1]), flush=True)
+        del check, static, ref, out
+        for mode, target in targets.items():
+            graphs = _graphs(target, device)
+            cache = graphs.attach(dyn, 512 + 256)
+            for n_rows in (1, 9, 17):
+                cpu_rows, parents = _masked_rows(cfg, n_rows, 6, n_rows)
+                ratio = None
+                if mode == "specfold" and n_rows > 1:
+                    with fold_launched_calls(), collect_stats() as s:
+                        _verify(target, cpu_rows, parents, cache, cfg.mask_token_id, False)
+                    ratio = s.recompute_ratio if s.layers else None
+                t0 = time.monotonic()
+                launched = _verify(target, cpu_rows, parents, cache, cfg.mask_token_id, False)
+                first_s = time.monotonic() - t0
+                t0 = time.monotonic()
+                replayed = _verify(target, cpu_rows, parents, cache, cfg.mask_token_id, False, graphs)
+                capture_s = time.monotonic() - t0
+                row = {"part": "shape", "model": name, "prefix": 512, "capacity": cache.capacity, "mode": mode,
+                       "n_branches": n_rows, "logit_rows": int((cpu_rows == cfg.mask_token_id).sum()),
+                       "recompute_ratio": ratio, "first_launched_s": first_s, "capture_s": capture_s,
+                       "launched_ms": _median_ms(lambda: _verify(target, cpu_rows, parents, cache,
+                                                                 cfg.mask_token_id, False), device),
+                       "cuda_graph_ms": _median_ms(lambda: _verify(target, cpu_rows, parents, cache,
+                                                                   cfg.mask_token_id, False, graphs), device),
+                       # folded (replayed) against the plain graph (launched): SpecFold's folding error
+                       "max_conf_diff": float((replayed[0] - launched[0]).abs().max()),
+                       "tokens_agree": float((replayed[1] == launched[1]).float().mean()),
+                       "kind": f"measured (random bf16 weights, {device_name})"}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        del model, targets, dyn
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
