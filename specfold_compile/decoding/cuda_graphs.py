@@ -83,7 +83,9 @@ class VerifyGraphs:
         return self.cache
 
     def __call__(self, tokens: Tensor, parents: Tensor, cache, positions: Tensor | None) -> Tensor:
-        """Logits of one verification call: [M, V] for ``positions`` [M], or [N, B, V] for None."""
+        """Logits of one verification call: [M, V] for ``positions`` [M], or [N, B, V] for None: a view of
+        the graph's output buffer in the shared pool, valid until the next call (copy it to keep it).
+        Graphs hold the weights' addresses: make a new ``VerifyGraphs`` after moving or casting the model."""
         if cache is not self.cache:
             raise ValueError("cache: expected the static cache returned by attach (and write_block on it)")
         n, block = tokens.shape

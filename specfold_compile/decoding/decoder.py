@@ -271,14 +271,16 @@ def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla", max_new_tok
     ``cuda_graphs``: replay every verification call from a CUDA graph (``VerifyGraphs``: a static prefix
     cache, one graph per branch count and padded logit-row count, captured on first use). ``True`` makes
     a ``VerifyGraphs`` for this call; pass one ``VerifyGraphs(model)`` to every call to keep its graphs
-    from prompt to prompt. Same tokens as launched calls, up to the kernels' rounding; prefill and block
-    writes stay launched. A launched call is host-bound on the H200 (README "Launched calls"), so this
+    from prompt to prompt. Same tokens as launched calls, up to the kernels' rounding (except that a
+    SpecFold-compiled model folds captured calls while its launched ones run the plain graph, by
+    default); prefill and block writes stay launched. A launched call is host-bound on the H200 (README "Launched calls"), so this
     is where the forward's GPU speed, and SpecFold's folding, reach the decode loop.
     """
     _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes, all_logits)
     if isinstance(cuda_graphs, VerifyGraphs):
-        if getattr(cuda_graphs.model, "_orig_mod", cuda_graphs.model) is not getattr(model, "_orig_mod", model):
-            raise ValueError("cuda_graphs: this VerifyGraphs was made for another model")
+        if cuda_graphs.model is not model:  # the same module compiled otherwise (or eager) is another target
+            raise ValueError("cuda_graphs: this VerifyGraphs was made for another model (make one per model "
+                             "object passed to generate, compiled wrappers included)")
         graphs = cuda_graphs
     elif isinstance(cuda_graphs, bool):
         graphs = VerifyGraphs(model) if cuda_graphs else None

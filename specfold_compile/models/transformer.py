@@ -353,7 +353,8 @@ class BlockDiffusionLM(nn.Module):
 
     def verify(self, tokens: Tensor, parents: Tensor, cache: PrefixCache,
                logit_positions: Tensor | None = None) -> Tensor:
-        """``forward`` without the input checks (for CUDA-graph capture, where checks cannot read data)."""
+        """``forward`` without the input checks (``forward`` itself skips its data checks while compiling
+        or capturing a CUDA graph, so both can be captured)."""
         n_rows, block = tokens.shape
         h = self.embed_tokens(tokens)
         h = ops.mark_branches(h, parents)

@@ -120,6 +120,8 @@ def test_cuda_graphs_bad_inputs(model):
         generate(model, p, cuda_graphs=True)  # a CPU model: only replay="eager" runs here
     with pytest.raises(ValueError, match="another model"):
         generate(model, p, cuda_graphs=VerifyGraphs(build("tiny-nld", seed=1), replay="eager"))
+    with pytest.raises(ValueError, match="another model"):  # the same module, compiled: another target
+        generate(torch.compile(model), p, cuda_graphs=VerifyGraphs(model, replay="eager"))
     with pytest.raises(ValueError, match="replay"):
         VerifyGraphs(model, replay="graph")
     graphs = VerifyGraphs(model, replay="eager")
