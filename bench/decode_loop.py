@@ -25,15 +25,10 @@ import torch
 from specfold_compile.backend import collect_stats, fold_launched_calls, specfold_backend
 from specfold_compile.decoding import VerifyGraphs, generate
 
-from .common import draft_tokens, draft_tree
+from .common import draft_tokens, draft_tree, time_launched
 
 LOOPS = ("launched", "cuda_graphs")
 TAU = 0.3  # per_check's: with 6 of 32 positions changed, recompute ratio ~0.19
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def _allow_many_graphs() -> None:
@@ -119,16 +114,6 @@ def _masked_rows(cfg, n_rows: int, changed: int, seed: int) -> tuple[torch.Tenso
     return draft_tokens(main, parents, changed, vocab, gen), parents
 
 
-def _median_ms(fn, device: str, calls: int = 20) -> float:
-    times = []
-    for _ in range(calls):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()  # returns CPU tensors: waited for
-        times.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(times)
-
-
 def _agreement(name: str, a, b, masked) -> dict:
     """Confidence and argmax agreement of two ``_verify`` results (conf, tok) at the masked positions."""
     return {f"max_conf_diff_vs_{name}": float((a[0] - b[0])[masked].abs().max()),
@@ -186,10 +171,11 @@ def shape_rows(args, device: str, kernels: str, device_name: str, build_model, m
                 row = {"part": "shape", "model": name, "prefix": 512, "capacity": cache.capacity, "mode": mode,
                        "n_branches": n_rows, "logit_rows": int((cpu_rows == cfg.mask_token_id).sum()),
                        "recompute_ratio": ratio, "first_launched_s": first_s, "capture_s": capture_s,
-                       "launched_ms": _median_ms(lambda: _verify(target, cpu_rows, parents, cache,
-                                                                 cfg.mask_token_id, False), device),
-                       "cuda_graph_ms": _median_ms(lambda: _verify(target, cpu_rows, parents, cache,
-                                                                   cfg.mask_token_id, False, graphs), device),
+                       # each call returns its confidences on the host: waited for, as the loop waits
+                       "launched_ms": time_launched(lambda: _verify(target, cpu_rows, parents, cache,
+                                                                    cfg.mask_token_id, False), calls=20),
+                       "cuda_graph_ms": time_launched(lambda: _verify(target, cpu_rows, parents, cache,
+                                                                      cfg.mask_token_id, False, graphs), calls=20),
                        "kind": f"measured (random bf16 weights, {device_name})"}
                 # Over the masked positions (the others are the mask token in both). Replayed against
                 # launched: for SpecFold a folded replay against the plain graph (folding's difference);

@@ -106,7 +106,8 @@ def _chain_lengths(fold: Tensor, parents: Tensor) -> dict[int, int]:
 def record_gate(gate_index: int, fold: Tensor, parents: Tensor) -> None:
     # A CUDA-graph capture runs no kernel, so the masks it would record hold no values (and later
     # replays run no Python): captured calls are not recorded.
-    if _active and not torch.compiler.is_compiling() and not (fold.is_cuda and torch.cuda.is_current_stream_capturing()):
+    capturing = fold.is_cuda and torch.cuda.is_current_stream_capturing()
+    if _active and not torch.compiler.is_compiling() and not capturing:
         for s in _active:
             s._record(gate_index, fold, parents)
 

@@ -20,7 +20,8 @@ from .decoder import MODES, GenerateResult, StepStats, generate, mark_dynamic_sh
 from .graph import DraftGraph, build_drafts, default_draft_graph, load_draft_graph, prune_nodes, save_draft_graph
 
 __all__ = [
-    "generate", "GenerateResult", "VerifyGraphs", "logit_rows_bucket", "StepStats", "MODES", "record_traces", "mark_dynamic_shapes",
+    "generate", "GenerateResult", "VerifyGraphs", "logit_rows_bucket", "StepStats", "MODES", "record_traces",
+    "mark_dynamic_shapes",
     "calibrate", "calibrate_cli", "count_rank_sets",
     "DraftGraph", "load_draft_graph", "save_draft_graph", "default_draft_graph", "build_drafts", "prune_nodes",
     "commit", "confidence", "window_positions", "rank_masked_positions", "block_finished",

@@ -75,7 +75,8 @@ class VerifyGraphs:
         buffers already captured on if large enough (graphs stay valid), else new buffers of ``needed``
         rounded up to CAPACITY_STEP (graphs dropped)."""
         base = getattr(self.model, "_orig_mod", self.model)  # a torch.compile'd model's module
-        if self.cache is not None and self.cache.capacity >= needed and self.cache.keys[0].device == cache.keys[0].device:
+        reusable = self.cache is not None and self.cache.keys[0].device == cache.keys[0].device
+        if reusable and self.cache.capacity >= needed:
             return base.static_cache(cache, out=self.cache)
         self.graphs.clear()
         capacity = -(-needed // CAPACITY_STEP) * CAPACITY_STEP

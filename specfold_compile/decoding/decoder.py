@@ -273,8 +273,8 @@ def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla", max_new_tok
     a ``VerifyGraphs`` for this call; pass one ``VerifyGraphs(model)`` to every call to keep its graphs
     from prompt to prompt. Same tokens as launched calls, up to the kernels' rounding (except that a
     SpecFold-compiled model folds captured calls while its launched ones run the plain graph, by
-    default); prefill and block writes stay launched. A launched call is host-bound on the H200 (README "Launched calls"), so this
-    is where the forward's GPU speed, and SpecFold's folding, reach the decode loop.
+    default); prefill and block writes stay launched. A launched call is host-bound on the H200 (README
+    "Launched calls"), so this is where the forward's GPU speed, and SpecFold's folding, reach the loop.
     """
     _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes, all_logits)
     if isinstance(cuda_graphs, VerifyGraphs):

@@ -1,7 +1,8 @@
 """Pass 4: attention correction. ``branch_attention(unpack(q_p), unpack(k_p), unpack(v_p), K_pre, V_pre)``
-becomes ``folded_attention(q_p, k_p, v_p, K_pre, V_pre, slot, count)`` (and the cache's valid length, if given): the prefix part of the
-attention is computed once per computed row and reused by the rows folded onto it; every row adds its
-own branch's block keys and values through a merge of the two attention states."""
+becomes ``folded_attention(q_p, k_p, v_p, K_pre, V_pre, slot, count)`` (and the cache's valid length,
+if given): the prefix part of the attention is computed once per computed row and reused by the rows
+folded onto it; every row adds its own branch's block keys and values through a merge of the two
+attention states."""
 
 from __future__ import annotations
 
