@@ -4,6 +4,8 @@
   launched calls and with ``cuda_graphs`` (one ``VerifyGraphs`` a mode, kept across problems), accuracy,
   and the share of problems whose tokens equal the launched loop's (SpecFold's captured calls fold while
   its launched ones run the plain graph, so its tokens may differ there; every other mode must agree).
+* Block writes at real shapes (``write_rows``): launched on the dynamic cache against the static cache's
+  in-place write, launched and replayed, eager and compiled.
 * Real shapes (``--models``, random bf16 weights, a 512-token prefix in a static cache of 768 keys):
   one decode step's verification call as ``generate`` makes it (``decoder._verify``: inputs from the
   host, the masked positions' logits, confidences back to the host), launched and replayed from a CUDA
@@ -187,6 +189,60 @@ def shape_rows(args, device: str, kernels: str, device_name: str, build_model, m
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         del model, targets, dyn
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def write_rows(args, device: str, device_name: str, build_model, models) -> list[dict]:
+    """One block write at real shapes (random bf16 weights, 32 tokens after a 512-token prefix) as the
+    decode loop makes it: on the dynamic cache (``append_block``: the prefix K/V copied by ``torch.cat``),
+    eager and compiled (Inductor), launched; on a static cache of 768 keys (``append_block_static``: the
+    block's K/V written in place, attention over the whole capacity, masked), launched and replayed from
+    a CUDA graph (``VerifyGraphs.write_block``), eager and compiled. Each timed static call is followed by
+    a reset of the cache's length (one small fill), so every call writes the same block at prefix 512.
+    The static writes' seed logits and K/V are checked against the dynamic eager write's."""
+    rows = []
+    for name in models:
+        torch._dynamo.reset()
+        model = build_model(args, name)
+        cfg = model.config
+        gen = torch.Generator().manual_seed(1)
+        vocab = min(cfg.vocab_size, 30000)
+        dyn = model.prefill(torch.randint(0, vocab, (512,), generator=gen).to(device))
+        block = torch.randint(0, vocab, (cfg.block_size,), generator=gen).to(device)
+        ref = model.write_block(dyn, block)
+        for compiled in (False, True):
+            graphs = _graphs(model, device)
+            static = graphs.attach(dyn, 512 + 256)
+
+            def reset():
+                static.device_length.fill_(512)
+                static.static_length = 512
+
+            calls = {"dynamic_launched": lambda: model.write_block(dyn, block, compiled=compiled),
+                     "static_launched": lambda: (model.write_block(static, block, compiled=compiled), reset()),
+                     "static_cuda_graph": lambda: (graphs.write_block(static, block, compiled), reset())}
+            for kind, fn in calls.items():
+                t0 = time.monotonic()
+                fn()
+                first_s = time.monotonic() - t0
+                fn()
+                keys = static.keys if kind != "dynamic_launched" else None
+                row = {"part": "write", "model": name, "prefix": 512, "capacity": static.capacity,
+                       "block": cfg.block_size, "write": kind, "compiled": compiled, "first_call_s": first_s,
+                       "ms": time_launched(fn, calls=20),
+                       "kind": f"measured (random bf16 weights, {device_name})"}
+                if keys is not None:  # the last timed call wrote this block at prefix 512
+                    out = static.next_logits.float()
+                    row["rel_err_next_logits_vs_dynamic_eager"] = float(
+                        (out - ref.next_logits.float()).norm() / ref.next_logits.float().norm())
+                    row["rel_err_kv_vs_dynamic_eager"] = max(
+                        float((a[:, :512 + cfg.block_size].float() - b.float()).norm() / b.float().norm())
+                        for a, b in zip((*static.keys, *static.values), (*ref.keys, *ref.values)))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        del model, dyn, ref
         if device == "cuda":
             torch.cuda.empty_cache()
     return rows

@@ -50,6 +50,8 @@ case "$part" in
                   # task suite (~2.5 min) or one decode step's call at real shapes (~3.5 min a shape):
                   # bash bench/gpu_session.sh decode_loop --decode-parts trained --limit 20 --repeats 3
                   # bash bench/gpu_session.sh decode_loop --decode-parts shape --models fast-dllm-v2-1.5b,fast-dllm-v2-7b
+                  # session 15: block writes, dynamic cache vs static in place, launched vs replayed (~1.5 min a shape):
+                  # bash bench/gpu_session.sh decode_loop --decode-parts writes --models fast-dllm-v2-1.5b,fast-dllm-v2-7b,nld-3b
                   run --suite decode_loop --draft-budget 16 ;;
   end_to_end)     run --suite end_to_end --limit 20 --draft-budget 16 --latencies bench/results/h200/per_check.json --budget 300 ;;
   kernels)        for k in gate attention; do

@@ -13,6 +13,11 @@ after one launched call with the same inputs, which compiles, autotunes and warm
 model's first launched call at an N also runs its folded graph once, and captured calls fold:
 ``fold_launched``). Every graph reads the same input buffers and the same static cache, and all share
 one memory pool: calls run one at a time and each call's logits are read before the next replay.
+
+Block writes replay too (``VerifyGraphs.write_block``, one graph per block length): on the static cache
+a write is ``model.append_block_static``, which writes the block's K/V into the buffers at the device
+length and attends over the whole capacity with the keys past the block masked, so its shapes do not
+depend on the prefix length either.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ def logit_rows_bucket(m: int, rows: int) -> int:
 @dataclass
 class _Graph:
     tokens: Tensor           # [N, B] int64, the call's input buffers
-    parents: Tensor          # [N]
+    parents: Tensor | None   # [N] (None: a block write)
     positions: Tensor | None  # [M padded] or None (every position's logits)
     logits: Tensor           # the output buffer the replay writes
     replay: object           # () -> None
@@ -56,18 +61,25 @@ class VerifyGraphs:
     ``attach`` copies each new prompt's prefix into the same buffers when they are large enough.
     ``replay="eager"`` runs the same bookkeeping (static cache, input buffers, padded positions, one
     entry per shape) with the model called again instead of a graph replayed: for the CPU, for tests,
-    and to bisect a wrong result between the bookkeeping and the capture.
+    and to bisect a wrong result between the bookkeeping and the capture. ``capture_writes``: ``generate``
+    replays its block writes too (``write_block``); False launches them (on the static cache, in place).
     """
 
-    def __init__(self, model, replay: str = "cuda"):
+    def __init__(self, model, replay: str = "cuda", capture_writes: bool = True):
         if replay not in REPLAYS:
             raise ValueError(f"replay: expected one of {REPLAYS}, got {replay!r}")
+        if not isinstance(capture_writes, bool):
+            raise TypeError(f"capture_writes: expected a bool, got {type(capture_writes).__name__}")
         self.model = model
         self.replay = replay
+        self.capture_writes = capture_writes
         self.cache = None                   # the static cache the graphs read
         self.graphs: dict[tuple[int, int | None], _Graph] = {}
-        self.captures = 0
+        self.captures = 0                   # verification calls: shapes captured, calls replayed
         self.replays = 0
+        self.write_graphs: dict[tuple[int, bool, bool], _Graph] = {}  # (block length, causal, compiled)
+        self.write_captures = 0             # block writes (write_block)
+        self.write_replays = 0
         self._pool = None
 
     def attach(self, cache, needed: int):
@@ -79,6 +91,7 @@ class VerifyGraphs:
         if reusable and self.cache.capacity >= needed:
             return base.static_cache(cache, out=self.cache)
         self.graphs.clear()
+        self.write_graphs.clear()
         capacity = -(-needed // CAPACITY_STEP) * CAPACITY_STEP
         self.cache = base.static_cache(cache, capacity)
         return self.cache
@@ -115,6 +128,34 @@ class VerifyGraphs:
             graph.positions[:m].copy_(positions)
             graph.positions[m:].copy_(positions[-1:].expand(graph.positions.shape[0] - m))
 
+    def write_block(self, cache, block_tokens: Tensor, compiled: bool = False):
+        """``model.write_block`` on the attached static cache, replayed from a CUDA graph (one per block
+        length and ``compiled``, captured on first use; ``model.append_block_static``: the block's K/V
+        written in place, no prefix copy). The checks run on the host first; ``cache.next_logits`` is a
+        copy out of the pool. Returns ``cache``."""
+        if cache is not self.cache:
+            raise ValueError("cache: expected the static cache returned by attach")
+        base = getattr(self.model, "_orig_mod", self.model)
+        p, s, causal = base.check_block(cache, block_tokens, None, compiled)
+        key = (s, causal, compiled)
+        graph = self.write_graphs.get(key)
+        if graph is None:
+            append = base._compiled("append_block_static") if compiled else base.append_block_static
+            tokens = torch.empty_like(block_tokens).copy_(block_tokens)
+
+            def call():
+                return append(cache.keys, cache.values, cache.device_length, tokens, causal)
+
+            graph = self.write_graphs[key] = _Graph(tokens, None, None, *self._record(call, tokens.device, cache.device_length))
+            self.write_captures += 1
+        else:
+            graph.tokens.copy_(block_tokens)
+            graph.replay()
+            self.write_replays += 1
+        cache.next_logits = graph.logits.clone()  # the next replay of any graph may reuse the pool's memory
+        cache.static_length = p + s
+        return cache
+
     def _capture(self, tokens, parents, positions, m_pad) -> _Graph:
         graph = _Graph(torch.empty_like(tokens), torch.empty_like(parents),
                        None if positions is None else positions.new_empty(m_pad), None, None)
@@ -126,22 +167,30 @@ class VerifyGraphs:
                 return self.model(graph.tokens, graph.parents, self.cache)
             return self.model(graph.tokens, graph.parents, self.cache, logit_positions=graph.positions)
 
+        graph.logits, graph.replay = self._record(call, tokens.device)
+        return graph
+
+    def _record(self, call, device: torch.device, restore: Tensor | None = None):
+        """``call``'s output and a function that runs it again: a replay of its CUDA graph in the shared
+        pool (``replay="eager"``: ``call`` itself, its output copied into the first one's). The call is
+        run once before the capture (compiles, autotunes, warms; on a side stream, as torch.cuda.graph's
+        recipe asks) and once by a replay after it, whose output is this call's: a call that updates
+        ``restore`` in place (a block write advances the device length) gets it back between the two."""
         if self.replay == "eager":
-            graph.logits = call()
-            graph.replay = lambda: graph.logits.copy_(call())
-            return graph
-        # The launched call first (compiles, autotunes, warms; on a side stream, as torch.cuda.graph's
-        # recipe asks), then the capture, whose run also computes this call's logits.
-        side = torch.cuda.Stream(device=tokens.device)
-        side.wait_stream(torch.cuda.current_stream(tokens.device))
+            out = call()
+            return out, lambda: out.copy_(call())
+        saved = None if restore is None else restore.clone()
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             call()
-        torch.cuda.current_stream(tokens.device).wait_stream(side)
+        torch.cuda.current_stream(device).wait_stream(side)
+        if saved is not None:
+            restore.copy_(saved)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         cuda_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(cuda_graph, pool=self._pool):
-            graph.logits = call()
-        graph.replay = cuda_graph.replay
-        cuda_graph.replay()  # the capture only recorded the kernels: run them for this call's logits
-        return graph
+            out = call()
+        cuda_graph.replay()  # the capture only recorded the kernels: run them for this call's output
+        return out, cuda_graph.replay

@@ -237,7 +237,10 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
         out.extend(blk)
         if stop or len(out) >= max_new_tokens:
             break
-        cache = model.write_block(cache, X.to(cache.next_logits.device), **writes)
+        if graphs is not None and graphs.capture_writes:
+            cache = graphs.write_block(cache, X.to(cache.next_logits.device), compile_writes)
+        else:
+            cache = model.write_block(cache, X.to(cache.next_logits.device), **writes)
         nfe += 1
     wall = time.perf_counter() - t0
     result = GenerateResult(tokens=out, nfe=nfe, wall_time_s=wall, steps=steps, mode=mode, blocks=nblocks)
@@ -273,7 +276,8 @@ def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla", max_new_tok
     a ``VerifyGraphs`` for this call; pass one ``VerifyGraphs(model)`` to every call to keep its graphs
     from prompt to prompt. Same tokens as launched calls, up to the kernels' rounding (except that a
     SpecFold-compiled model folds captured calls while its launched ones run the plain graph, by
-    default); prefill and block writes stay launched. A launched call is host-bound on the H200 (README
+    default); block writes replay too (``VerifyGraphs(model, capture_writes=False)`` launches them),
+    the prompt's prefill stays launched. A launched call is host-bound on the H200 (README
     "Launched calls"), so this is where the forward's GPU speed, and SpecFold's folding, reach the loop.
     """
     _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes, all_logits)

@@ -429,20 +429,26 @@ class BlockDiffusionLM(nn.Module):
 
     # --- sequence passes: prefill, block writes, training ---------------------------------------
     def _sequence(self, ids: Tensor, positions: Tensor, allowed: Tensor,
-                  cache: tuple[list[Tensor], list[Tensor]] | None, keep_kv: bool = True
-                  ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+                  cache: tuple[list[Tensor], list[Tensor]] | None, keep_kv: bool = True,
+                  write_at: Tensor | None = None) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """Plain transformer over ids [b, S]; allowed: bool [b or 1, S, P+S] (True = may attend);
         cache: the prefix's per-layer (keys, values) [Hkv, P, D], or None.
 
         Returns the final hidden states [b, S, C] and (``keep_kv``) the per-layer K/V [Hkv, P+S, D] of the
-        first sequence.
+        first sequence. ``write_at`` ([S] key indices, b = 1): the cache is a static cache's buffers
+        [Hkv, capacity, D]; each layer writes its block K/V into them there, in place, and attends over
+        the whole buffers (``allowed`` is then [1, S, capacity]); nothing is returned for the K/V.
         """
         h = self.embed_tokens(ids)
         pos = self.position_tables(positions)
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(h, pos)  # [b, S, H, D]
-            if cache is not None:
+            if write_at is not None:
+                cache[0][i].index_copy_(1, write_at, k[0].transpose(0, 1))
+                cache[1][i].index_copy_(1, write_at, v[0].transpose(0, 1))
+                k_all, v_all = cache[0][i].transpose(0, 1)[None], cache[1][i].transpose(0, 1)[None]
+            elif cache is not None:
                 k_all = torch.cat((cache[0][i].transpose(0, 1).unsqueeze(0), k), dim=1)
                 v_all = torch.cat((cache[1][i].transpose(0, 1).unsqueeze(0), v), dim=1)
             else:
@@ -452,7 +458,7 @@ class BlockDiffusionLM(nn.Module):
                 scale=layer.scale, enable_gqa=True).transpose(1, 2)
             h = h + layer.attn_out(o)
             h = h + layer.mlp_out(h)
-            if keep_kv:  # prefill / block writes keep the K/V; the training forward does not need them
+            if keep_kv and write_at is None:  # prefill / block writes keep the K/V (training: not needed)
                 keys.append(k_all[0].transpose(0, 1).contiguous())
                 values.append(v_all[0].transpose(0, 1).contiguous())
         return self.norm(h), keys, values
@@ -536,10 +542,34 @@ class BlockDiffusionLM(nn.Module):
 
         Fast-dLLM v2 writes the block attending bidirectionally to itself; NLD writes it causally.
         The last position's logits become ``next_logits`` (the next block's seed).
-        ``compiled``: run the tensor work (``append_block``) through ``torch.compile`` with its default
-        backend (compiled on first use, one graph for prompts and one for block writes, each dynamic in
-        its length; gpt-fast's ``compile_prefill``). The checks here stay eager.
+        ``compiled``: run the tensor work (``append_block``, or ``append_block_static`` on a static
+        cache) through ``torch.compile`` with its default backend (compiled on first use and kept; on a
+        dynamic cache one graph for prompts and one for block writes, each dynamic in its length;
+        gpt-fast's ``compile_prefill``). The checks here stay eager.
         """
+        p, s, causal = self.check_block(cache, block_tokens, causal, compiled)
+        if cache.device_length is not None:
+            append_static = self._compiled("append_block_static") if compiled else self.append_block_static
+            cache.next_logits = append_static(cache.keys, cache.values, cache.device_length, block_tokens, causal)
+            cache.static_length = p + s
+            return cache
+        append = self.append_block
+        if compiled:
+            append = self._compiled("append_block")
+            # Lengths change every call: trace them as dynamic from the start (one graph for prompts,
+            # P = 0, dynamic S; one for blocks, dynamic P) instead of recompiling on the second size.
+            if s > 1 and p == 0:
+                torch._dynamo.maybe_mark_dynamic(block_tokens, 0)
+            if p > 1:
+                for t in (*cache.keys, *cache.values):
+                    torch._dynamo.maybe_mark_dynamic(t, 1)
+        keys, values, next_logits = append(cache.keys, cache.values, block_tokens, causal)
+        return PrefixCache(keys, values, next_logits, self.model_uid)
+
+    def check_block(self, cache: PrefixCache, block_tokens: Tensor, causal: bool | None = None,
+                    compiled: bool = False) -> tuple[int, int, bool]:
+        """``write_block``'s argument checks (host reads included); returns the prefix length, the block
+        length and ``causal`` resolved from the family when None."""
         if not isinstance(block_tokens, Tensor) or block_tokens.dim() != 1 or block_tokens.dtype != torch.int64:
             raise TypeError("block_tokens: expected a 1-D int64 tensor")
         if not isinstance(cache, PrefixCache):
@@ -554,34 +584,12 @@ class BlockDiffusionLM(nn.Module):
         if p + s > self.config.max_position_embeddings:
             raise ValueError(f"block_tokens: prefix length {p} + {s} tokens exceeds "
                              f"max_position_embeddings={self.config.max_position_embeddings}")
-        static = cache.device_length is not None
-        if static and p + s > cache.capacity:
+        if cache.device_length is not None and p + s > cache.capacity:
             raise ValueError(f"block_tokens: prefix length {p} + {s} tokens exceeds the static cache's capacity "
                              f"{cache.capacity}")
         if s and (int(block_tokens.min()) < 0 or int(block_tokens.max()) >= self.config.vocab_size):
             raise ValueError(f"block_tokens: ids must lie in [0, {self.config.vocab_size})")
-        # A static cache's valid prefix: views of its buffers
-        keys_in = cache.keys if not static else [t[:, :p] for t in cache.keys]
-        values_in = cache.values if not static else [t[:, :p] for t in cache.values]
-        append = self.append_block
-        if compiled:
-            append = self.compiled_append_block()
-            # Lengths change every call: trace them as dynamic from the start (one graph for prompts,
-            # P = 0, dynamic S; one for blocks, dynamic P) instead of recompiling on the second size.
-            if s > 1 and p == 0:
-                torch._dynamo.maybe_mark_dynamic(block_tokens, 0)
-            if p > 1:
-                for t in (*keys_in, *values_in):
-                    torch._dynamo.maybe_mark_dynamic(t, 1)
-        keys, values, next_logits = append(keys_in, values_in, block_tokens, bool(causal))
-        if not static:
-            return PrefixCache(keys, values, next_logits, self.model_uid)
-        # The block's K/V, computed over the valid prefix, copied into the buffers after it
-        for buf, new in zip((*cache.keys, *cache.values), (*keys, *values)):
-            buf[:, p:p + s].copy_(new[:, p:])
-        cache.device_length.fill_(p + s)
-        cache.static_length, cache.next_logits = p + s, next_logits
-        return cache
+        return p, s, bool(causal)
 
     def append_block(self, keys: list[Tensor], values: list[Tensor], block_tokens: Tensor, causal: bool
                      ) -> tuple[list[Tensor], list[Tensor], Tensor]:
@@ -597,14 +605,33 @@ class BlockDiffusionLM(nn.Module):
         h, keys, values = self._sequence(block_tokens[None], positions, allowed[None], (keys, values))
         return keys, values, self.head(h[0, -1])
 
-    def compiled_append_block(self):
-        """``append_block`` under ``torch.compile`` (default backend), made on first use and kept: what
-        ``write_block(compiled=True)`` runs."""
-        fn = self.__dict__.get("_append_block_compiled")
-        if fn is None:  # one compiled function per model, kept out of the module's state
-            fn = torch.compile(self.append_block)
-            self.__dict__["_append_block_compiled"] = fn
-        return fn
+    def append_block_static(self, keys: list[Tensor], values: list[Tensor], device_length: Tensor,
+                            block_tokens: Tensor, causal: bool) -> Tensor:
+        """``append_block`` on a static cache's buffers [Hkv, capacity, D], in place: each layer writes the
+        block's K/V at ``device_length`` and attends over the whole buffers with the keys past the block
+        masked; ``device_length`` then advances by S; returns the last position's logits [V]. No host
+        reads and shapes that do not depend on the prefix length, so one CUDA graph serves every block
+        write of a decode loop (``VerifyGraphs.write_block``), and the prefix is never copied (the
+        dynamic cache's ``torch.cat`` copies it once a block)."""
+        s, capacity = block_tokens.shape[0], keys[0].shape[1]
+        device = block_tokens.device
+        positions = device_length + torch.arange(s, device=device)  # the block's keys and RoPE positions
+        key_index = torch.arange(capacity, device=device)
+        if causal:
+            allowed = key_index[None, :] <= positions[:, None]
+        else:
+            allowed = (key_index < device_length + s)[None, :].expand(s, capacity)
+        h, _, _ = self._sequence(block_tokens[None], positions, allowed[None], (keys, values), write_at=positions)
+        device_length.add_(s)
+        return self.head(h[0, -1])
+
+    def _compiled(self, name: str):
+        """The method ``name`` under ``torch.compile`` (default backend), made on first use and kept out of
+        the module's state: what ``write_block(compiled=True)`` runs."""
+        compiled = self.__dict__.setdefault("_compiled_methods", {})
+        if name not in compiled:
+            compiled[name] = torch.compile(getattr(self, name))
+        return compiled[name]
 
 
 def validate_parents(parents: Tensor) -> None:

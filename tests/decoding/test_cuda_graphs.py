@@ -96,9 +96,70 @@ def test_generate_with_graphs_matches_launched_calls(model, all_logits):
             seen += out.num_calls
     assert graphs.captures == len(graphs.graphs) and graphs.captures + graphs.replays == seen
     assert graphs.replays > graphs.captures  # shapes recur
+    # one block write graph (block length, family's causality, eager writes), replayed for every later write
+    assert list(graphs.write_graphs) == [(model.config.block_size, model.config.family == "nld", False)]
+    assert graphs.write_captures == 1 and graphs.write_replays >= 1
     if all_logits:
         assert all(m is None for _, m in graphs.graphs)
     assert graphs.cache.capacity == 256  # 7 + 48 keys, rounded up to CAPACITY_STEP
+
+
+def test_static_writes_compile_once_for_every_prefix_length(model):
+    """write_block(compiled=True) on a static cache: one graph for every prefix length (its shapes depend
+    on the capacity only), the same K/V and seed logits as the eager static write."""
+    import torch._dynamo.testing
+
+    B, V = model.config.block_size, model.config.vocab_size
+    g = torch.Generator().manual_seed(3)
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    model.__dict__["_compiled_methods"] = {
+        "append_block_static": torch.compile(model.append_block_static, backend=counter)}
+    try:
+        with torch.inference_mode():
+            for n in (3, 11):
+                dyn = model.prefill(torch.randint(0, V, (n,), generator=g))
+                eager, comp = (model.static_cache(dyn, capacity=64) for _ in range(2))
+                for _ in range(2):
+                    block = torch.randint(0, V, (B,), generator=g)
+                    model.write_block(eager, block)
+                    assert model.write_block(comp, block, compiled=True) is comp
+                    assert comp.length == eager.length and int(comp.device_length) == comp.length
+                    torch.testing.assert_close(comp.next_logits, eager.next_logits)
+                    for a, b in zip((*comp.keys, *comp.values), (*eager.keys, *eager.values)):
+                        torch.testing.assert_close(a[:, :comp.length], b[:, :comp.length])
+        assert counter.frame_count == 1, counter.frame_count
+    finally:
+        model.__dict__.pop("_compiled_methods", None)
+        torch._dynamo.reset()
+
+
+def test_replayed_writes_match_launched_writes(model):
+    """VerifyGraphs.write_block (replay bookkeeping, eager on the CPU) against model.write_block on a
+    static cache and on the dynamic one; capture_writes=False decodes the same tokens."""
+    B, V = model.config.block_size, model.config.vocab_size
+    g = torch.Generator().manual_seed(4)
+    graphs = VerifyGraphs(model, replay="eager")
+    dyn = model.prefill(torch.randint(0, V, (6,), generator=g))
+    static = graphs.attach(dyn, 6 + 3 * B)
+    for _ in range(3):
+        block = torch.randint(0, V, (B,), generator=g)
+        dyn = model.write_block(dyn, block)
+        assert graphs.write_block(static, block) is static
+        assert static.length == dyn.length and int(static.device_length) == dyn.length
+        torch.testing.assert_close(static.next_logits, dyn.next_logits)
+        for a, b in zip((*static.keys, *static.values), (*dyn.keys, *dyn.values)):
+            torch.testing.assert_close(a[:, :dyn.length], b)
+    assert (graphs.write_captures, graphs.write_replays) == (1, 2)
+    with pytest.raises(ValueError, match="capacity"):  # the host checks run before the replay
+        graphs.write_block(static, torch.zeros(static.capacity, dtype=torch.long))
+    with pytest.raises(ValueError, match="attach"):
+        graphs.write_block(dyn, block)
+    p = torch.tensor(PROMPTS[1])
+    kw = dict(mode="spiffy", max_new_tokens=48, draft_budget=8)
+    launched = VerifyGraphs(model, replay="eager", capture_writes=False)
+    assert generate(model, p, cuda_graphs=launched, **kw).tokens == generate(model, p, **kw).tokens
+    assert launched.write_captures == 0 and not launched.write_graphs
 
 
 def test_graphs_kept_while_the_cache_is_large_enough(model):
@@ -124,6 +185,8 @@ def test_cuda_graphs_bad_inputs(model):
         generate(torch.compile(model), p, cuda_graphs=VerifyGraphs(model, replay="eager"))
     with pytest.raises(ValueError, match="replay"):
         VerifyGraphs(model, replay="graph")
+    with pytest.raises(TypeError, match="capture_writes"):
+        VerifyGraphs(model, capture_writes=1)
     graphs = VerifyGraphs(model, replay="eager")
     with pytest.raises(ValueError, match="attach"):
         graphs(torch.zeros(1, model.config.block_size, dtype=torch.long), torch.tensor([-1]), model.prefill(p), None)

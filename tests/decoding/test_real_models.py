@@ -56,7 +56,7 @@ def test_compiled_writes_match_eager(model):
 
     torch._dynamo.reset()
     counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
-    model.__dict__["_append_block_compiled"] = torch.compile(model.append_block, backend=counter)
+    model.__dict__["_compiled_methods"] = {"append_block": torch.compile(model.append_block, backend=counter)}
     try:
         with torch.inference_mode():
             for p in PROMPTS:
@@ -77,7 +77,7 @@ def test_compiled_writes_match_eager(model):
             c = generate(model, p, mode="spiffy", max_new_tokens=48, draft_budget=8, compile_writes=True)
             assert c.tokens == v.tokens and c.nfe == v.nfe
     finally:
-        model.__dict__.pop("_append_block_compiled", None)
+        model.__dict__.pop("_compiled_methods", None)
         torch._dynamo.reset()
 
 
