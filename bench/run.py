@@ -359,7 +359,7 @@ def suite_writes(args) -> list[dict]:
     for name in args.models or (MODELS if not args.quick else MODELS[:1]):
         torch._dynamo.reset()
         model = _model(args, name)
-        compiled = model._compiled("append_block")
+        compiled = model.compiled_method("append_block")
         causal = model.config.family == "nld"
         for prefix in args.prefixes or ((512, 2048) if not args.quick else (512,)):
             if deadline.left() < 20:

@@ -140,13 +140,14 @@ class VerifyGraphs:
         key = (s, causal, compiled)
         graph = self.write_graphs.get(key)
         if graph is None:
-            append = base._compiled("append_block_static") if compiled else base.append_block_static
-            tokens = torch.empty_like(block_tokens).copy_(block_tokens)
+            append = base.compiled_method("append_block_static") if compiled else base.append_block_static
+            tokens = block_tokens.clone()  # the graph's input buffer
 
             def call():
                 return append(cache.keys, cache.values, cache.device_length, tokens, causal)
 
-            graph = self.write_graphs[key] = _Graph(tokens, None, None, *self._record(call, tokens.device, cache.device_length))
+            logits, replay = self._record(call, tokens.device, restore=cache.device_length)
+            graph = self.write_graphs[key] = _Graph(tokens, None, None, logits, replay)
             self.write_captures += 1
         else:
             graph.tokens.copy_(block_tokens)

@@ -549,13 +549,13 @@ class BlockDiffusionLM(nn.Module):
         """
         p, s, causal = self.check_block(cache, block_tokens, causal, compiled)
         if cache.device_length is not None:
-            append_static = self._compiled("append_block_static") if compiled else self.append_block_static
+            append_static = self.compiled_method("append_block_static") if compiled else self.append_block_static
             cache.next_logits = append_static(cache.keys, cache.values, cache.device_length, block_tokens, causal)
             cache.static_length = p + s
             return cache
         append = self.append_block
         if compiled:
-            append = self._compiled("append_block")
+            append = self.compiled_method("append_block")
             # Lengths change every call: trace them as dynamic from the start (one graph for prompts,
             # P = 0, dynamic S; one for blocks, dynamic P) instead of recompiling on the second size.
             if s > 1 and p == 0:
@@ -625,7 +625,7 @@ class BlockDiffusionLM(nn.Module):
         device_length.add_(s)
         return self.head(h[0, -1])
 
-    def _compiled(self, name: str):
+    def compiled_method(self, name: str):
         """The method ``name`` under ``torch.compile`` (default backend), made on first use and kept out of
         the module's state: what ``write_block(compiled=True)`` runs."""
         compiled = self.__dict__.setdefault("_compiled_methods", {})
