@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from .decoding.cuda_graphs import add_cuda_graphs_argument, check_cuda_graphs_argument
 from .loading import decode, encode, load_model, resolve_draft_graph
 
 def demo_prompts() -> list[str]:
@@ -21,14 +22,25 @@ def _compiled(model, tau: float, kernels: str = "auto"):
     return torch.compile(model, backend="specfold", options={"tau": tau, "kernels": kernels})
 
 
-def _run(model, prompt_ids, mode: str, args, compiled=None):
+def _run(model, prompt_ids, mode: str, args, compiled=None, graphs=None):
+    """One ``generate`` call; ``graphs``: {target id: VerifyGraphs} of ``--cuda-graphs``, one per target
+    (vanilla and Spiffy share the eager model's), filled on first use and kept across prompts."""
     from .decoding import generate
+    from .decoding.cuda_graphs import graphs_for_cli
 
     target = compiled if mode == "specfold" else model
+    cuda_graphs = False
+    if args.cuda_graphs is not None:
+        if graphs is None:
+            graphs = {}
+        if id(target) not in graphs:
+            graphs[id(target)] = graphs_for_cli(args.cuda_graphs, target, args.device)
+        cuda_graphs = graphs[id(target)]
     return generate(target, prompt_ids, mode="vanilla" if mode == "vanilla" else "spiffy",
                     max_new_tokens=args.max_new_tokens, threshold=args.threshold,
                     draft_budget=args.draft_budget, draft_graph=resolve_draft_graph(args.model, args.draft_graph),
-                    compile_writes=mode == "specfold" and getattr(args, "compile_writes", False))
+                    compile_writes=mode == "specfold" and getattr(args, "compile_writes", False),
+                    cuda_graphs=cuda_graphs)
 
 
 def cmd_generate(args) -> int:
@@ -37,9 +49,11 @@ def cmd_generate(args) -> int:
     compiled = _compiled(model, args.tau) if args.mode == "specfold" else None
     res = _run(model, ids, args.mode, args, compiled)
     print(decode(model, res.tokens))
+    graphs = "" if args.cuda_graphs is None else \
+        f" graph_captures={res.graph_captures} graph_replays={res.graph_replays}"
     print(f"\nmode={args.mode} tokens={len(res.tokens)} nfe={res.nfe} time={res.wall_time_s:.3f}s "
           f"tokens/s={len(res.tokens) / max(res.wall_time_s, 1e-9):.1f} calls={res.num_calls} "
-          f"accepted/call={res.accepted_per_call:.2f} branches/call={res.branches_per_call:.2f}")
+          f"accepted/call={res.accepted_per_call:.2f} branches/call={res.branches_per_call:.2f}{graphs}")
     return 0
 
 
@@ -51,11 +65,12 @@ def cmd_demo(args) -> int:
     print(f"model: {getattr(model, 'name_or_path', args.model or 'tiny-fast-dllm-v2 (random)')}")
     rows = []
     prompts = demo_prompts()
+    graphs: dict = {}  # --cuda-graphs: one VerifyGraphs per target, captured in the first pass
     for mode in ("vanilla", "spiffy", "specfold"):
         # A first pass over the prompts compiles every shape (SpecFold); the table times the second.
         t0 = time.perf_counter()
         for prompt in prompts:
-            _run(model, encode(model, prompt).to(args.device), mode, args, compiled)
+            _run(model, encode(model, prompt).to(args.device), mode, args, compiled, graphs)
         warm = time.perf_counter() - t0
         toks = nfe = calls = accepted = 0
         wall = 0.0
@@ -63,7 +78,7 @@ def cmd_demo(args) -> int:
         outputs = []
         for prompt in prompts:
             with collect_stats() as s:
-                res = _run(model, encode(model, prompt).to(args.device), mode, args, compiled)
+                res = _run(model, encode(model, prompt).to(args.device), mode, args, compiled, graphs)
             toks += len(res.tokens)
             nfe += res.nfe
             calls += res.num_calls
@@ -116,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--draft-graph", default=None, help="draft graph JSON (specfold calibrate)")
         p.add_argument("--tau", type=float, default=0.1)
         p.add_argument("--device", default="cpu")
+        add_cuda_graphs_argument(p)
 
     p = sub.add_parser("generate", help="decode one prompt and print text and statistics")
     decoding_args(p)
@@ -154,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(getattr(importlib.import_module(module), func)(rest) or 0)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    if hasattr(args, "cuda_graphs"):
+        check_cuda_graphs_argument(ap, args.cuda_graphs, args.device)
     return int(args.fn(args) or 0)
 
 

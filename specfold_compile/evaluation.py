@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from .decoding.cuda_graphs import add_cuda_graphs_argument, check_cuda_graphs_argument, graphs_for_cli
 from .loading import DEFAULT_MODEL_DIR, decode, encode, load_model, resolve_draft_graph
 
 __all__ = [
@@ -146,12 +147,13 @@ def _decode_kwargs(args, budget: int) -> dict:
 
 def decode_problems(model, target, mode: str, problems, *, max_new_tokens: int, threshold: float,
                     draft_budget: int, draft_graph, device: str = "cpu", progress: str | None = None,
-                    stats: bool = False, all_logits: bool = False) -> RunStats:
+                    stats: bool = False, all_logits: bool = False, cuda_graphs=False) -> RunStats:
     """Decode every problem with ``target`` (the eager model, the compiled model or a wrapper) and score.
 
     ``mode`` is the decoding mode of ``generate`` ("vanilla" or "spiffy"). With ``stats``, the whole run is
     inside one ``collect_stats()`` and the overall recompute ratio is recorded. ``all_logits``: as
-    ``generate``'s (a ``fold_head`` model needs every position's logits to gate its head).
+    ``generate``'s (a ``fold_head`` model needs every position's logits to gate its head); ``cuda_graphs``:
+    as ``generate``'s (pass one ``VerifyGraphs`` of ``target`` to keep its graphs across problems).
     """
     from contextlib import nullcontext  # noqa: PLC0415
 
@@ -167,7 +169,7 @@ def decode_problems(model, target, mode: str, problems, *, max_new_tokens: int, 
             ids = encode(model, p.prompt).to(device)
             res = generate(target, ids, mode=mode, max_new_tokens=max_new_tokens, threshold=threshold,
                            draft_budget=draft_budget, draft_graph=draft_graph if mode == "spiffy" else None,
-                           all_logits=all_logits)
+                           all_logits=all_logits, cuda_graphs=cuda_graphs)
             out.tokens.append(list(res.tokens))
             out.nfe += res.nfe
             out.gen_tokens += len(res.tokens)
@@ -185,7 +187,8 @@ def decode_problems(model, target, mode: str, problems, *, max_new_tokens: int, 
 
 
 def warm_up(model, target, mode: str, *, max_new_tokens: int, threshold: float, draft_budget: int,
-            draft_graph, device: str = "cpu", n: int = 3, seed: int = 0, all_logits: bool = False) -> float:
+            draft_graph, device: str = "cpu", n: int = 3, seed: int = 0, all_logits: bool = False,
+            cuda_graphs=False) -> float:
     """Decode a few calib-split prompts (one per task, different lengths) so that compilation and
     Dynamo's recompile for dynamic shapes happen before timing. Returns the seconds spent."""
     from .decoding import generate  # noqa: PLC0415
@@ -196,7 +199,7 @@ def warm_up(model, target, mode: str, *, max_new_tokens: int, threshold: float, 
         p = sample(TASKS[k % len(TASKS)], "calib", 1, seed=seed + 1000 + k)[0]
         generate(target, encode(model, p.prompt).to(device), mode=mode, max_new_tokens=max_new_tokens,
                  threshold=threshold, draft_budget=draft_budget, draft_graph=draft_graph if mode == "spiffy" else None,
-                 all_logits=all_logits)
+                 all_logits=all_logits, cuda_graphs=cuda_graphs)
     return time.perf_counter() - t0
 
 
@@ -206,11 +209,14 @@ def warm_up(model, target, mode: str, *, max_new_tokens: int, threshold: float, 
 
 def evaluate(model, tasks, modes, *, limit: int, tau: float = 0.1, draft_budgets=(8,), draft_graph=None,
              max_new_tokens: int = 96, threshold: float = 0.9, seed: int = 0, device: str = "cpu",
-             kernels: str = "torch", fold_head: bool = False, progress: bool = True) -> dict:
+             kernels: str = "torch", fold_head: bool = False, progress: bool = True,
+             cuda_graphs: str | None = None) -> dict:
     """The ``results`` / equality / timing part of the eval report (see ``eval_cli``).
 
     With several draft budgets, the Spiffy and SpecFold modes run once per budget under the names
     ``spiffy_b{budget}`` / ``specfold_b{budget}``; with one budget they keep their plain names.
+    ``cuda_graphs``: None (launched calls), "cuda" or "eager" (``VerifyGraphs``' replay): one
+    ``VerifyGraphs`` per target, kept from the warm-up (which captures) through the timed runs.
     """
     from .tasks import sample  # noqa: PLC0415
 
@@ -227,6 +233,9 @@ def evaluate(model, tasks, modes, *, limit: int, tau: float = 0.1, draft_budgets
     targets = {"vanilla": model, "spiffy": model, "specfold": compiled}
     # fold_head gates the head on every row: it cannot act on the masked rows alone (logit_positions)
     all_logits = {"vanilla": False, "spiffy": False, "specfold": fold_head}
+    shared = graphs_for_cli(cuda_graphs, model, device)  # vanilla and Spiffy call the same eager model
+    graphs = {"vanilla": shared, "spiffy": shared,
+              "specfold": graphs_for_cli(cuda_graphs, compiled, device) if compiled is not None else None}
     warm: dict[str, float] = {}
     graphs_before = _unique_graphs()
     for name, mode, b in variants:
@@ -235,7 +244,7 @@ def evaluate(model, tasks, modes, *, limit: int, tau: float = 0.1, draft_budgets
             print(f"warm-up {name} ...", file=sys.stderr)
         warm[name] = warm_up(model, targets[mode], gen_mode, max_new_tokens=max_new_tokens, threshold=threshold,
                              draft_budget=b, draft_graph=draft_graph, device=device, seed=seed,
-                             all_logits=all_logits[mode])
+                             all_logits=all_logits[mode], cuda_graphs=graphs[mode] or False)
     graphs_after_warmup = _unique_graphs()
 
     results: dict = {}
@@ -251,7 +260,7 @@ def evaluate(model, tasks, modes, *, limit: int, tau: float = 0.1, draft_budgets
             run = decode_problems(model, targets[mode], gen_mode, problems, max_new_tokens=max_new_tokens,
                                   threshold=threshold, draft_budget=b, draft_graph=draft_graph, device=device,
                                   progress=f"{task}/{name}" if progress else None, stats=mode == "specfold",
-                                  all_logits=all_logits[mode])
+                                  all_logits=all_logits[mode], cuda_graphs=graphs[mode] or False)
             results[task][name] = run.summary()
             toks[name] = run.tokens
         if "vanilla" in toks:
@@ -327,6 +336,7 @@ def eval_cli(argv=None) -> int:
     ap.add_argument("--fold-head", action="store_true",
                     help="SpecFold also folds the final norm and LM head (options['fold_head'])")
     ap.add_argument("--device", default="cpu")
+    add_cuda_graphs_argument(ap)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="write the JSON report here")
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -336,13 +346,14 @@ def eval_cli(argv=None) -> int:
     budgets = _ints(a.draft_budgets) if a.draft_budgets else [a.draft_budget]
     if a.limit < 1:
         raise SystemExit("--limit must be >= 1")
+    check_cuda_graphs_argument(ap, a.cuda_graphs, a.device)
     t0 = time.perf_counter()
     model = load_model(a.model, device=a.device)
     model.eval()
     graph = resolve_draft_graph(a.model, a.draft_graph)
     rep = evaluate(model, tasks, modes, limit=a.limit, tau=a.tau, draft_budgets=budgets, draft_graph=graph,
                    max_new_tokens=a.max_new_tokens, threshold=a.threshold, seed=a.seed, device=a.device,
-                   kernels=a.kernels, fold_head=a.fold_head, progress=not a.quiet)
+                   kernels=a.kernels, fold_head=a.fold_head, progress=not a.quiet, cuda_graphs=a.cuda_graphs)
     report = {
         "results": rep["results"],
         "spiffy_tokens_equal_vanilla": rep["spiffy_tokens_equal_vanilla"],
@@ -351,7 +362,7 @@ def eval_cli(argv=None) -> int:
         "settings": {"tasks": tasks, "modes": modes, "tau": a.tau, "limit": a.limit, "split": "test",
                      "draft_budgets": budgets, "draft_graph": graph or "decoding default",
                      "max_new_tokens": a.max_new_tokens, "threshold": a.threshold, "kernels": a.kernels,
-                     "fold_head": a.fold_head, "device": a.device, "seed": a.seed, "torch_threads": torch.get_num_threads()},
+                     "fold_head": a.fold_head, "cuda_graphs": a.cuda_graphs, "device": a.device, "seed": a.seed, "torch_threads": torch.get_num_threads()},
         "versions": versions(),
         "machine": MACHINE if a.device == "cpu" else a.device,
         "compile_seconds": rep["compile_seconds"],

@@ -118,3 +118,61 @@ def test_eval_folds_launched_calls(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda model, backend, options: seen.update(backend=backend, **options))
     evaluation.compiled_model(object(), 0.1, "triton")
     assert seen["backend"] == "specfold" and seen["fold_launched"] is True and seen["tau"] == 0.1
+
+
+def test_cuda_graphs_flag_needs_a_cuda_device(capsys):
+    """``--cuda-graphs`` (CUDA replays) on ``--device cpu`` stops before loading, naming the argument."""
+    import pytest
+
+    for argv in (["generate", "--prompt", "1+1=", "--cuda-graphs"], ["eval", "--limit", "1", "--cuda-graphs"]):
+        with pytest.raises(SystemExit) as err:
+            main(argv)
+        assert err.value.code == 2
+        assert "--cuda-graphs: CUDA graphs need --device cuda, got --device cpu" in capsys.readouterr().err
+
+
+def test_generate_cuda_graphs_eager_same_text(capsys):
+    """``specfold generate --cuda-graphs eager`` runs generate's graph bookkeeping (static cache, one entry
+    per shape, replays counted) and prints the same text as launched calls."""
+    for mode in ("spiffy", "specfold"):
+        args = ["generate", "--prompt", "12+30=", "--max-new-tokens", "40", "--mode", mode]
+        assert main(args) == 0
+        launched = capsys.readouterr().out
+        assert main(args + ["--cuda-graphs", "eager"]) == 0
+        replayed = capsys.readouterr().out
+        assert replayed.split("\nmode=")[0] == launched.split("\nmode=")[0]
+        stats = dict(kv.split("=") for kv in replayed.split("\nmode=")[1].split()[1:])
+        assert int(stats["graph_captures"]) >= 1 and int(stats["graph_replays"]) >= 1
+        assert "graph_captures" not in launched
+
+
+def test_eval_cuda_graphs_one_verify_graphs_per_target(tmp_path, monkeypatch):
+    """``specfold eval --cuda-graphs eager``: every generate call gets a VerifyGraphs of its own target
+    (vanilla and Spiffy share the eager model's, SpecFold has the compiled model's), the same object from
+    the warm-up through the timed runs, and the report says which replay ran."""
+    from specfold_compile import evaluation
+    from specfold_compile.decoding import VerifyGraphs
+
+    import specfold_compile.decoding as decoding
+
+    assert not hasattr(evaluation, "generate")  # evaluation imports it per call: the spy is what it calls
+    seen = []
+    real_generate = decoding.generate
+
+    def spy(target, ids, **kw):
+        seen.append((target, kw["cuda_graphs"]))
+        return real_generate(target, ids, **kw)
+
+    monkeypatch.setattr(decoding, "generate", spy)
+    out = tmp_path / "eval.json"
+    rc = main(["eval", "--tasks", "math", "--modes", "vanilla,spiffy,specfold", "--limit", "1",
+               "--max-new-tokens", "32", "--out", str(out), "--quiet", "--cuda-graphs", "eager"])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert d["settings"]["cuda_graphs"] == "eager" and d["spiffy_tokens_equal_vanilla"] == {"math": True}
+    assert seen and all(isinstance(g, VerifyGraphs) and g.model is t and g.replay == "eager" for t, g in seen)
+    by_target = {}
+    for t, g in seen:
+        by_target.setdefault(id(t), set()).add(id(g))
+    assert len(by_target) == 2 and all(len(gs) == 1 for gs in by_target.values())
+    assert sum(g.replays for g in {id(g): g for _, g in seen}.values()) > 0
