@@ -6,6 +6,9 @@
   its launched ones run the plain graph, so its tokens may differ there; every other mode must agree).
 * Block writes at real shapes (``write_rows``): launched on the dynamic cache against the static cache's
   in-place write, launched and replayed, eager and compiled.
+* Attention windows (``window_rows``): a 512-token prefix in a static cache of 4096 keys (what a
+  generation of 3584 tokens allocates), each replayed call and block write reading a window of the cache
+  (``VerifyGraphs(windows=256)``, the default) against the whole capacity (``windows=None``).
 * Real shapes (``--models``, random bf16 weights, a 512-token prefix in a static cache of 768 keys):
   one decode step's verification call as ``generate`` makes it (``decoder._verify``: inputs from the
   host, the masked positions' logits, confidences back to the host), launched and replayed from a CUDA
@@ -243,6 +246,71 @@ def write_rows(args, device: str, device_name: str, build_model, models) -> list
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         del model, dyn, ref
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def window_rows(args, device: str, kernels: str, device_name: str, build_model, models,
+                capacity: int = 4096) -> list[dict]:
+    """Replayed decode-step calls (N = 1, 9, 17; Spiffy under Inductor and SpecFold, as ``shape_rows``)
+    and block writes (eager) with a 512-token prefix in a static cache of ``capacity`` keys: through
+    attention windows (``VerifyGraphs``' default, 256 keys doubling: a 512-key window here) against the
+    whole capacity (``windows=None``). Each windowed result is compared with the whole-capacity one."""
+    from specfold_compile.decoding.cuda_graphs import CAPACITY_STEP
+    from specfold_compile.decoding.decoder import _verify
+
+    _allow_many_graphs()
+    rows = []
+    for name in models:
+        torch._dynamo.reset()
+        model = build_model(args, name)
+        cfg = model.config
+        gen = torch.Generator().manual_seed(0)
+        vocab = min(cfg.vocab_size, 30000)
+        dyn = model.prefill(torch.randint(0, vocab, (512,), generator=gen).to(device))
+        block = torch.randint(0, vocab, (cfg.block_size,), generator=gen).to(device)
+        targets = {"spiffy_compiled": torch.compile(model),
+                   "specfold": torch.compile(model, backend=specfold_backend, options={"tau": TAU, "kernels": kernels}),
+                   "eager_writes": model}
+        for mode, target in targets.items():
+            whole = {}
+            for windows in (None, CAPACITY_STEP):
+                graphs = VerifyGraphs(target, replay="cuda" if device == "cuda" else "eager", windows=windows)
+                cache = graphs.attach(dyn, capacity)
+                base = {"part": "window", "model": name, "prefix": 512, "capacity": capacity, "mode": mode,
+                        "windows": windows, "kind": f"measured (random bf16 weights, {device_name})"}
+                if mode == "eager_writes":
+                    def write():
+                        graphs.write_block(cache, block)
+                        cache.device_length.fill_(512)
+                        cache.static_length = 512
+
+                    write()
+                    row = {**base, "n_branches": None, "window": graphs.window_keys(512 + cfg.block_size),
+                           "cuda_graph_ms": time_launched(write, calls=20)}
+                    out = cache.next_logits.float()
+                    if windows is None:
+                        whole["write"] = out
+                    else:
+                        row["rel_err_vs_whole"] = float((out - whole["write"]).norm() / whole["write"].norm())
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    continue
+                for n_rows in (1, 9, 17):
+                    cpu_rows, parents = _masked_rows(cfg, n_rows, 6, n_rows)
+                    out = _verify(target, cpu_rows, parents, cache, cfg.mask_token_id, False, graphs)  # captures
+                    row = {**base, "n_branches": n_rows, "window": graphs.window_keys(512),
+                           "cuda_graph_ms": time_launched(lambda: _verify(target, cpu_rows, parents, cache,
+                                                                          cfg.mask_token_id, False, graphs), calls=20)}
+                    if windows is None:
+                        whole[n_rows] = out
+                    else:
+                        row.update(_agreement("whole", out, whole[n_rows], cpu_rows == cfg.mask_token_id))
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                del graphs, cache
+        del model, targets, dyn
         if device == "cuda":
             torch.cuda.empty_cache()
     return rows

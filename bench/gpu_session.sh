@@ -52,6 +52,8 @@ case "$part" in
                   # bash bench/gpu_session.sh decode_loop --decode-parts shape --models fast-dllm-v2-1.5b,fast-dllm-v2-7b
                   # session 15: block writes, dynamic cache vs static in place, launched vs replayed (~1.5 min a shape):
                   # bash bench/gpu_session.sh decode_loop --decode-parts writes --models fast-dllm-v2-1.5b,fast-dllm-v2-7b,nld-3b
+                  # session 16: attention windows vs the whole capacity of a 4096-key cache (~3 min a shape):
+                  # bash bench/gpu_session.sh decode_loop --decode-parts windows --models fast-dllm-v2-1.5b
                   run --suite decode_loop --draft-budget 16 ;;
   end_to_end)     run --suite end_to_end --limit 20 --draft-budget 16 --latencies bench/results/h200/per_check.json --budget 300 ;;
   kernels)        for k in gate attention; do

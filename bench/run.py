@@ -746,13 +746,15 @@ def suite_end_to_end(args) -> list[dict]:
 def suite_decode_loop(args) -> list[dict]:
     """generate() with CUDA-graph verification calls against launched ones (bench/decode_loop.py): the
     trained model's task suite, and ms per verification step at the --models shapes (default 1.5B)."""
-    from .decode_loop import shape_rows, trained_rows, write_rows
+    from .decode_loop import shape_rows, trained_rows, window_rows, write_rows
 
     rows = trained_rows(args, DEVICE, KERNELS, _device_name()) if "trained" in args.decode_parts else []
     if "shape" in args.decode_parts:
         rows += shape_rows(args, DEVICE, KERNELS, _device_name(), _model, args.models or MODELS[:1])
     if "writes" in args.decode_parts:
         rows += write_rows(args, DEVICE, _device_name(), _model, args.models or MODELS[:1])
+    if "windows" in args.decode_parts:
+        rows += window_rows(args, DEVICE, KERNELS, _device_name(), _model, args.models or MODELS[:1])
     return rows
 
 
@@ -814,7 +816,9 @@ def main(argv=None) -> int:
                     help="end_to_end: timed passes (modes alternate per problem; median per problem)")
     ap.add_argument("--decode-parts", type=lambda v: tuple(v.split(",")), default=("trained", "shape"),
                     help="decode_loop: trained (the task suite), shape (ms per step at --models), writes (one block "
-                         "write at --models, dynamic vs static cache, launched vs replayed); comma-separated")
+                         "write at --models, dynamic vs static cache, launched vs replayed), windows (replayed calls and writes "
+                         "at --models through attention windows vs the whole capacity of a 4096-key cache); "
+                         "comma-separated")
     args = ap.parse_args(argv)
     unknown = sorted(set(args.ratios or ()) - set(CHANGED_FOR_RATIO))
     if unknown:  # a filter that matches nothing would drop every SpecFold row without a word

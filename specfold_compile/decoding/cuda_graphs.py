@@ -16,8 +16,16 @@ one memory pool: calls run one at a time and each call's logits are read before 
 
 Block writes replay too (``VerifyGraphs.write_block``, one graph per block length): on the static cache
 a write is ``model.append_block_static``, which writes the block's K/V into the buffers at the device
-length and attends over the whole capacity with the keys past the block masked, so its shapes do not
+length and attends over the whole buffers with the keys past the block masked, so its shapes do not
 depend on the prefix length either.
+
+Attention windows: a call does not read the whole capacity but a window of it, views of the buffers'
+first W keys (same addresses), W the smallest of ``windows``, 2 x ``windows``, 4 x ... (at most the
+capacity) that holds the keys the call reads. A cache allocated for a long generation then pays
+attention over about the valid keys, not the capacity (the plain graph's dense attention and the block
+writes' masked attention read every key they are given); one graph per window, log2(capacity /
+``windows``) + 1 windows at most; the keys' length is traced as dynamic, so windows share a compiled
+graph.
 """
 
 from __future__ import annotations
@@ -65,21 +73,28 @@ class VerifyGraphs:
     entry per shape) with the model called again instead of a graph replayed: for the CPU, for tests,
     and to bisect a wrong result between the bookkeeping and the capture. ``capture_writes``: ``generate``
     replays its block writes too (``write_block``); False launches them (on the static cache, in place).
+    ``windows``: the smallest attention window in keys (module docstring; windows double from it up to
+    the capacity); None: every call reads the whole capacity (the bisect switch).
     """
 
-    def __init__(self, model, replay: str = "cuda", capture_writes: bool = True):
+    def __init__(self, model, replay: str = "cuda", capture_writes: bool = True,
+                 windows: int | None = CAPACITY_STEP):
         if replay not in REPLAYS:
             raise ValueError(f"replay: expected one of {REPLAYS}, got {replay!r}")
         if not isinstance(capture_writes, bool):
             raise TypeError(f"capture_writes: expected a bool, got {type(capture_writes).__name__}")
+        if windows is not None and (isinstance(windows, bool) or not isinstance(windows, int) or windows < 2):
+            raise ValueError(f"windows: expected None or an int >= 2 (the smallest window in keys), got {windows!r}")
         self.model = model
         self.replay = replay
         self.capture_writes = capture_writes
+        self.windows = windows
         self.cache = None                   # the static cache the graphs read
-        self.graphs: dict[tuple[int, int | None], _Graph] = {}
+        self._windows: dict[int, object] = {}  # window keys -> a PrefixCache of views of the cache's buffers
+        self.graphs: dict[tuple[int, int | None, int], _Graph] = {}  # (N, padded M, window)
         self.captures = 0                   # verification calls: shapes captured, calls replayed
         self.replays = 0
-        self.write_graphs: dict[tuple[int, bool, bool], _Graph] = {}  # (block length, causal, compiled)
+        self.write_graphs: dict[tuple[int, bool, bool, int], _Graph] = {}  # (block length, causal, compiled, window)
         self.write_captures = 0             # block writes (write_block)
         self.write_replays = 0
         self._pool = None
@@ -90,13 +105,42 @@ class VerifyGraphs:
         rounded up to CAPACITY_STEP (graphs dropped)."""
         base = getattr(self.model, "_orig_mod", self.model)  # a torch.compile'd model's module
         reusable = self.cache is not None and self.cache.keys[0].device == cache.keys[0].device
-        if reusable and self.cache.capacity >= needed:
+        if reusable and self.cache.capacity - 1 >= needed:
             return base.static_cache(cache, out=self.cache)
         self.graphs.clear()
         self.write_graphs.clear()
+        self._windows.clear()
         capacity = -(-needed // CAPACITY_STEP) * CAPACITY_STEP
-        self.cache = base.static_cache(cache, capacity)
+        # One spare key: every window, the largest included, is then a strided view of the buffers, so a
+        # compiled model traces one set of strides for all of them (a contiguous whole buffer next to
+        # strided windows would cost a second compile of every graph).
+        self.cache = base.static_cache(cache, capacity + 1)
         return self.cache
+
+    def window_keys(self, needed: int) -> int:
+        """The window (in keys) of a call that reads the first ``needed`` keys of the attached cache: at
+        most the capacity ``attach`` was asked for (the buffers' spare key is never in a window)."""
+        capacity = self.cache.capacity
+        if self.windows is None or needed >= capacity:
+            return capacity
+        w = self.windows
+        while w < needed:
+            w *= 2
+        return min(w, capacity - 1)
+
+    def _window(self, needed: int):
+        """(window keys, the attached cache seen through that window): the same buffers, device length
+        and host length, the buffers cut to the window's first keys."""
+        w = self.window_keys(needed)
+        if w == self.cache.capacity:
+            return w, self.cache
+        view = self._windows.get(w)
+        if view is None:
+            view = self._windows[w] = type(self.cache)(
+                [k[:, :w] for k in self.cache.keys], [v[:, :w] for v in self.cache.values], None,
+                self.cache.owner, self.cache.device_length)
+        view.static_length = self.cache.static_length
+        return w, view
 
     def __call__(self, tokens: Tensor, parents: Tensor, cache, positions: Tensor | None) -> Tensor:
         """Logits of one verification call: [M, V] for ``positions`` [M], or [N, B, V] for None: a view of
@@ -110,10 +154,11 @@ class VerifyGraphs:
             raise ValueError(f"cache: prefix length {cache.length} + block {block} exceeds "
                              f"max_position_embeddings={max_pos}")
         m = None if positions is None else positions.shape[0]
-        key = (n, None if m is None else logit_rows_bucket(m, n * block))
+        window, view = self._window(max(cache.length, 1))  # the call reads the prefix's keys
+        key = (n, None if m is None else logit_rows_bucket(m, n * block), window)
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[key] = self._capture(tokens, parents, positions, key[1])
+            graph = self.graphs[key] = self._capture(view, tokens, parents, positions, key[1])
             self.captures += 1
         else:
             self._load(graph, tokens, parents, positions)
@@ -139,14 +184,15 @@ class VerifyGraphs:
             raise ValueError("cache: expected the static cache returned by attach")
         base = getattr(self.model, "_orig_mod", self.model)
         p, s, causal = base.check_block(cache, block_tokens, None, compiled)
-        key = (s, causal, compiled)
+        window, view = self._window(p + s)  # the block's keys are written after the prefix's
+        key = (s, causal, compiled, window)
         graph = self.write_graphs.get(key)
         if graph is None:
             append = base.compiled_method("append_block_static") if compiled else base.append_block_static
             tokens = block_tokens.clone()  # the graph's input buffer
 
             def call():
-                return append(cache.keys, cache.values, cache.device_length, tokens, causal)
+                return append(view.keys, view.values, cache.device_length, tokens, causal)
 
             logits, replay = self._record(call, tokens.device, restore=cache.device_length)
             graph = self.write_graphs[key] = _Graph(tokens, None, None, logits, replay)
@@ -159,16 +205,16 @@ class VerifyGraphs:
         cache.static_length = p + s
         return cache
 
-    def _capture(self, tokens, parents, positions, m_pad) -> _Graph:
+    def _capture(self, view, tokens, parents, positions, m_pad) -> _Graph:
         graph = _Graph(torch.empty_like(tokens), torch.empty_like(parents),
                        None if positions is None else positions.new_empty(m_pad), None, None)
         self._load(graph, tokens, parents, positions)
-        mark_dynamic_shapes(graph.tokens, graph.parents, self.cache, graph.positions)
+        mark_dynamic_shapes(graph.tokens, graph.parents, view, graph.positions)
 
         def call():
             if graph.positions is None:
-                return self.model(graph.tokens, graph.parents, self.cache)
-            return self.model(graph.tokens, graph.parents, self.cache, logit_positions=graph.positions)
+                return self.model(graph.tokens, graph.parents, view)
+            return self.model(graph.tokens, graph.parents, view, logit_positions=graph.positions)
 
         graph.logits, graph.replay = self._record(call, tokens.device)
         return graph

@@ -63,3 +63,20 @@ def test_launch_suite_times_and_profiles_each_mode(tmp_path, monkeypatch):
     assert rows[1]["launched_folded_ms"] > 0 and "launched_folded_ms" not in rows[0]
     text = (tmp_path / "launch_profile_fast-dllm-v2-1.5b_specfold_n3.txt").read_text()
     assert "cumulative" in text and "packed_linear" in text
+
+
+def test_decode_loop_windows_part(tmp_path, monkeypatch):
+    """--decode-parts windows: replayed calls and block writes through attention windows against the
+    whole capacity, each windowed result compared with the whole-capacity one."""
+    monkeypatch.setenv("OUT", str(tmp_path))
+    run.main(["--suite", "decode_loop", "--cpu-dry-run", "--decode-parts", "windows", "--models", "fast-dllm-v2-1.5b"])
+    rows = json.loads((tmp_path / "decode_loop.json").read_text())["rows"]
+    assert {(r["mode"], r["windows"]) for r in rows} == {(m, w) for m in ("spiffy_compiled", "specfold", "eager_writes")
+                                                         for w in (None, 256)}
+    for r in rows:
+        assert r["cuda_graph_ms"] > 0 and r["capacity"] == 4096
+        assert r["window"] == (4097 if r["windows"] is None else 512 if r["n_branches"] else 1024)
+        if r["windows"] is not None and r["n_branches"]:
+            assert r["tokens_agree_vs_whole"] == 1.0 and r["max_conf_diff_vs_whole"] < 1e-4
+        elif r["windows"] is not None:
+            assert r["rel_err_vs_whole"] < 1e-5

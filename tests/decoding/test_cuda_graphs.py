@@ -97,11 +97,12 @@ def test_generate_with_graphs_matches_launched_calls(model, all_logits):
     assert graphs.captures == len(graphs.graphs) and graphs.captures + graphs.replays == seen
     assert graphs.replays > graphs.captures  # shapes recur
     # one block write graph (block length, family's causality, eager writes), replayed for every later write
-    assert list(graphs.write_graphs) == [(model.config.block_size, model.config.family == "nld", False)]
+    # (the cache's 256 keys are one window: VerifyGraphs' smallest window is CAPACITY_STEP keys)
+    assert list(graphs.write_graphs) == [(model.config.block_size, model.config.family == "nld", False, 256)]
     assert graphs.write_captures == 1 and graphs.write_replays >= 1
     if all_logits:
-        assert all(m is None for _, m in graphs.graphs)
-    assert graphs.cache.capacity == 256  # 7 + 48 keys, rounded up to CAPACITY_STEP
+        assert all(m is None for _, m, _ in graphs.graphs)
+    assert graphs.cache.capacity == 257  # 7 + 48 keys, rounded up to CAPACITY_STEP, and the spare key
 
 
 def test_static_writes_compile_once_for_every_prefix_length(model):
@@ -170,7 +171,7 @@ def test_graphs_kept_while_the_cache_is_large_enough(model):
     again = generate(model, p, mode="spiffy", max_new_tokens=32, cuda_graphs=graphs)
     assert graphs.cache is cache and again.graph_captures == 0 and graphs.graphs == captured
     big = generate(model, p, mode="spiffy", max_new_tokens=300, cuda_graphs=graphs, stop_at_eos=False)
-    assert graphs.cache is not cache and graphs.cache.capacity == 512 and big.graph_captures >= 1
+    assert graphs.cache is not cache and graphs.cache.capacity == 513 and big.graph_captures >= 1
 
 
 def test_cuda_graphs_bad_inputs(model):
@@ -187,6 +188,67 @@ def test_cuda_graphs_bad_inputs(model):
         VerifyGraphs(model, replay="graph")
     with pytest.raises(TypeError, match="capture_writes"):
         VerifyGraphs(model, capture_writes=1)
+    for bad in (1, True, 16.0):
+        with pytest.raises(ValueError, match="windows: expected None or an int >= 2"):
+            VerifyGraphs(model, windows=bad)
     graphs = VerifyGraphs(model, replay="eager")
     with pytest.raises(ValueError, match="attach"):
         graphs(torch.zeros(1, model.config.block_size, dtype=torch.long), torch.tensor([-1]), model.prefill(p), None)
+
+
+def test_window_keys(model):
+    """Windows double from ``windows`` keys up to the capacity asked for; the spare key is never in one."""
+    graphs = VerifyGraphs(model, replay="eager", windows=64)
+    graphs.attach(model.prefill(torch.tensor(PROMPTS[0])), 300)
+    assert graphs.cache.capacity == 513  # 300 keys rounded up to CAPACITY_STEP, plus the spare key
+    assert [graphs.window_keys(n) for n in (1, 64, 65, 128, 129, 300, 511, 512, 513)] == \
+        [64, 64, 128, 128, 256, 512, 512, 512, 513]
+    graphs.windows = None  # the bisect switch: the whole buffers
+    assert {graphs.window_keys(n) for n in (1, 300, 512)} == {513}
+
+
+@pytest.mark.parametrize("windows", [16, None])
+def test_windows_decode_the_same_tokens(model, windows):
+    """Calls and block writes through attention windows (views of the cache's first keys, same storage)
+    give launched calls' tokens; each window has its own graphs."""
+    graphs = VerifyGraphs(model, replay="eager", windows=windows)
+    p = torch.tensor(PROMPTS[1])
+    kw = dict(mode="spiffy", max_new_tokens=120, threshold=0.5, draft_budget=8, stop_at_eos=False)
+    out = generate(model, p, cuda_graphs=graphs, **kw)
+    assert out.tokens == generate(model, p, **kw).tokens
+    used = sorted({w for *_, w in graphs.graphs})
+    used_by_writes = sorted({w for *_, w in graphs.write_graphs})
+    if windows is None:
+        assert used == used_by_writes == [graphs.cache.capacity]
+        return
+    assert used == [16, 32, 64, 128] and len(used_by_writes) >= 2 and set(used_by_writes) <= set(used)
+    for s, _, _, w in graphs.write_graphs:  # a write's window holds the block it writes too
+        assert w >= s
+    for w, view in graphs._windows.items():
+        for k, buf in zip((*view.keys, *view.values), (*graphs.cache.keys, *graphs.cache.values)):
+            assert k.shape[1] == w and k.data_ptr() == buf.data_ptr() and k.stride() == buf.stride()
+        assert view.device_length is graphs.cache.device_length
+
+
+def test_windows_share_the_compiled_graphs():
+    """A compiled model traces the windows' key length as dynamic and every window as a strided view
+    (the spare key): as many Dynamo graphs with windows as without."""
+    from torch._dynamo.utils import counters
+
+    from specfold_compile.backend import specfold_backend
+
+    model = build("tiny-fast-dllm-v2", seed=0)
+    p = torch.tensor(PROMPTS[0])
+    graphs_made = {}
+    for windows in (None, 16):
+        torch._dynamo.reset()
+        counters.clear()
+        target = torch.compile(model, backend=specfold_backend, options={"tau": 0.1, "kernels": "torch"})
+        graphs = VerifyGraphs(target, replay="eager", windows=windows)
+        with torch.inference_mode():
+            generate(target, p, mode="spiffy", max_new_tokens=120, threshold=0.5, draft_budget=8,
+                     stop_at_eos=False, cuda_graphs=graphs)
+        graphs_made[windows] = int(counters["stats"]["unique_graphs"])
+        assert len({w for *_, w in graphs.graphs}) == (1 if windows is None else 4)
+    torch._dynamo.reset()
+    assert graphs_made[16] == graphs_made[None], graphs_made
