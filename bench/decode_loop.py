@@ -270,6 +270,22 @@ def window_rows(args, device: str, kernels: str, device_name: str, build_model, 
         vocab = min(cfg.vocab_size, 30000)
         dyn = model.prefill(torch.randint(0, vocab, (512,), generator=gen).to(device))
         block = torch.randint(0, vocab, (cfg.block_size,), generator=gen).to(device)
+        # The eager model's logits (N = 9, masked positions) through the window and on the dynamic cache
+        # against the whole capacity: how far reading fewer keys moves them (bf16 reduction order).
+        check = VerifyGraphs(model, replay="eager")
+        whole_cache = check.attach(dyn, capacity)
+        cpu_rows, parents = _masked_rows(cfg, 9, 6, 9)
+        tokens, parent_ids = cpu_rows.to(device), torch.tensor(parents, device=device)
+        positions = (cpu_rows == cfg.mask_token_id).flatten().nonzero().flatten().to(device)
+        ref = model(tokens, parent_ids, whole_cache, logit_positions=positions).float()
+        row = {"part": "window_check", "model": name, "prefix": 512, "capacity": capacity, "n_branches": 9}
+        for label, other in (("window", check.window(512)[1]), ("dynamic", dyn)):
+            out = model(tokens, parent_ids, other, logit_positions=positions).float()
+            row[f"rel_err_{label}_vs_whole"] = float((out - ref).norm() / ref.norm())
+            row[f"argmax_agree_{label}_vs_whole"] = float((out.argmax(-1) == ref.argmax(-1)).float().mean())
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del check, whole_cache, ref, out
         targets = {"spiffy_compiled": torch.compile(model),
                    "specfold": torch.compile(model, backend=specfold_backend, options={"tau": TAU, "kernels": kernels}),
                    "eager_writes": model}

@@ -128,7 +128,7 @@ class VerifyGraphs:
             w *= 2
         return min(w, capacity - 1)
 
-    def _window(self, needed: int):
+    def window(self, needed: int):
         """(window keys, the attached cache seen through that window): the same buffers, device length
         and host length, the buffers cut to the window's first keys."""
         w = self.window_keys(needed)
@@ -154,7 +154,7 @@ class VerifyGraphs:
             raise ValueError(f"cache: prefix length {cache.length} + block {block} exceeds "
                              f"max_position_embeddings={max_pos}")
         m = None if positions is None else positions.shape[0]
-        window, view = self._window(max(cache.length, 1))  # the call reads the prefix's keys
+        window, view = self.window(max(cache.length, 1))  # the call reads the prefix's keys
         key = (n, None if m is None else logit_rows_bucket(m, n * block), window)
         graph = self.graphs.get(key)
         if graph is None:
@@ -184,7 +184,7 @@ class VerifyGraphs:
             raise ValueError("cache: expected the static cache returned by attach")
         base = getattr(self.model, "_orig_mod", self.model)
         p, s, causal = base.check_block(cache, block_tokens, None, compiled)
-        window, view = self._window(p + s)  # the block's keys are written after the prefix's
+        window, view = self.window(p + s)  # the block's keys are written after the prefix's
         key = (s, causal, compiled, window)
         graph = self.write_graphs.get(key)
         if graph is None:

@@ -70,7 +70,9 @@ def test_decode_loop_windows_part(tmp_path, monkeypatch):
     whole capacity, each windowed result compared with the whole-capacity one."""
     monkeypatch.setenv("OUT", str(tmp_path))
     run.main(["--suite", "decode_loop", "--cpu-dry-run", "--decode-parts", "windows", "--models", "fast-dllm-v2-1.5b"])
-    rows = json.loads((tmp_path / "decode_loop.json").read_text())["rows"]
+    check, *rows = json.loads((tmp_path / "decode_loop.json").read_text())["rows"]
+    assert check["part"] == "window_check" and check["rel_err_window_vs_whole"] < 1e-5
+    assert check["argmax_agree_window_vs_whole"] == check["argmax_agree_dynamic_vs_whole"] == 1.0
     assert {(r["mode"], r["windows"]) for r in rows} == {(m, w) for m in ("spiffy_compiled", "specfold", "eager_writes")
                                                          for w in (None, 256)}
     for r in rows:
