@@ -6,9 +6,9 @@ launches its calls gets neither the forward's GPU speed nor SpecFold's gain; rep
 
 What makes a call replayable is that every tensor it reads keeps its address and shape. The prefix
 cache is static (``model.static_cache``: fixed capacity, its length on the device, block writes in
-place), so a call's shapes depend only on the branch count N and the number M of logit rows; M is padded
-to a power of two (at least ``MIN_LOGIT_ROWS``, at most N * B) by repeating the last position, whose
-extra logits are dropped. One graph per (N, padded M), captured the first time that shape comes, right
+place), so a call's shapes depend only on the branch count N, the number M of logit rows and the
+attention window (below); M is padded to a power of two (at least ``MIN_LOGIT_ROWS``, at most N * B) by
+repeating the last position, whose extra logits are dropped. One graph per (N, padded M, window), captured the first time that shape comes, right
 after one launched call with the same inputs, which compiles, autotunes and warms (a SpecFold-compiled
 model's first launched call at an N also runs its folded graph once, and captured calls fold:
 ``fold_launched``). Every graph reads the same input buffers and the same static cache, and all share
