@@ -8,11 +8,12 @@ What makes a call replayable is that every tensor it reads keeps its address and
 cache is static (``model.static_cache``: fixed capacity, its length on the device, block writes in
 place), so a call's shapes depend only on the branch count N, the number M of logit rows and the
 attention window (below); M is padded to a power of two (at least ``MIN_LOGIT_ROWS``, at most N * B) by
-repeating the last position, whose extra logits are dropped. One graph per (N, padded M, window), captured the first time that shape comes, right
-after one launched call with the same inputs, which compiles, autotunes and warms (a SpecFold-compiled
-model's first launched call at an N also runs its folded graph once, and captured calls fold:
-``fold_launched``). Every graph reads the same input buffers and the same static cache, and all share
-one memory pool: calls run one at a time and each call's logits are read before the next replay.
+repeating the last position, whose extra logits are dropped. One graph per (N, padded M, window),
+captured the first time that shape comes, right after one launched call with the same inputs, which
+compiles, autotunes and warms (a SpecFold-compiled model's first launched call at an N also runs its
+folded graph once, and captured calls fold: ``fold_launched``). Every graph reads the same input
+buffers and the same static cache, and all share one memory pool: calls run one at a time and each
+call's logits are read before the next replay.
 
 Block writes replay too (``VerifyGraphs.write_block``, one graph per block length): on the static cache
 a write is ``model.append_block_static``, which writes the block's K/V into the buffers at the device
@@ -38,8 +39,7 @@ from torch import Tensor
 from .dynamic import mark_dynamic_shapes
 
 __all__ = ["VerifyGraphs", "logit_rows_bucket", "add_cuda_graphs_argument", "check_cuda_graphs_argument",
-           "graphs_for_cli", "MIN_LOGIT_ROWS",
-           "CAPACITY_STEP", "REPLAYS"]
+           "graphs_for_cli", "MIN_LOGIT_ROWS", "CAPACITY_STEP", "REPLAYS"]
 
 MIN_LOGIT_ROWS = 16
 CAPACITY_STEP = 256   # static caches are allocated in multiples of this many keys, so prompts share graphs
@@ -84,7 +84,8 @@ class VerifyGraphs:
         if not isinstance(capture_writes, bool):
             raise TypeError(f"capture_writes: expected a bool, got {type(capture_writes).__name__}")
         if windows is not None and (isinstance(windows, bool) or not isinstance(windows, int) or windows < 2):
-            raise ValueError(f"windows: expected None or an int >= 2 (the smallest window in keys), got {windows!r}")
+            raise ValueError(f"windows: expected None or an int >= 2 (the smallest window in keys), "
+                             f"got {windows!r}")
         self.model = model
         self.replay = replay
         self.capture_writes = capture_writes
@@ -94,7 +95,8 @@ class VerifyGraphs:
         self.graphs: dict[tuple[int, int | None, int], _Graph] = {}  # (N, padded M, window)
         self.captures = 0                   # verification calls: shapes captured, calls replayed
         self.replays = 0
-        self.write_graphs: dict[tuple[int, bool, bool, int], _Graph] = {}  # (block length, causal, compiled, window)
+        # (block length, causal, compiled, window)
+        self.write_graphs: dict[tuple[int, bool, bool, int], _Graph] = {}
         self.write_captures = 0             # block writes (write_block)
         self.write_replays = 0
         self._pool = None
@@ -102,7 +104,7 @@ class VerifyGraphs:
     def attach(self, cache, needed: int):
         """The static cache holding ``cache``'s prefix (a prefill's), with room for ``needed`` keys: the
         buffers already captured on if large enough (graphs stay valid), else new buffers of ``needed``
-        rounded up to CAPACITY_STEP (graphs dropped)."""
+        rounded up to CAPACITY_STEP, plus one spare key (graphs dropped)."""
         base = getattr(self.model, "_orig_mod", self.model)  # a torch.compile'd model's module
         reusable = self.cache is not None and self.cache.keys[0].device == cache.keys[0].device
         if reusable and self.cache.capacity - 1 >= needed:
@@ -258,8 +260,8 @@ def graphs_for_cli(replay: str | None, target, device: str) -> VerifyGraphs | No
     if replay is None:
         return None
     if replay == "cuda" and torch.device(device).type != "cuda":
-        raise ValueError(f"cuda_graphs: 'cuda' needs a CUDA device, got device {device!r} ('eager' runs the same "
-                         f"loop without graphs)")
+        raise ValueError(f"cuda_graphs: 'cuda' needs a CUDA device, got device {device!r} ('eager' runs the "
+                         f"same loop without graphs)")
     return VerifyGraphs(target, replay=replay)
 
 
