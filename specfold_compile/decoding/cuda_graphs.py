@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .dynamic import mark_dynamic_shapes
+from .dynamic import mark_dynamic_keys, mark_dynamic_shapes
 
 __all__ = ["VerifyGraphs", "logit_rows_bucket", "add_cuda_graphs_argument", "check_cuda_graphs_argument",
            "graphs_for_cli", "MIN_LOGIT_ROWS", "CAPACITY_STEP", "REPLAYS"]
@@ -192,6 +192,7 @@ class VerifyGraphs:
         if graph is None:
             append = base.compiled_method("append_block_static") if compiled else base.append_block_static
             tokens = block_tokens.clone()  # the graph's input buffer
+            mark_dynamic_keys(view)  # one compiled write for every window
 
             def call():
                 return append(view.keys, view.values, cache.device_length, tokens, causal)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["mark_dynamic_shapes"]
+__all__ = ["mark_dynamic_shapes", "mark_dynamic_keys"]
 
 
 def mark_dynamic_shapes(tokens: torch.Tensor, parents: torch.Tensor, cache,
@@ -17,6 +17,12 @@ def mark_dynamic_shapes(tokens: torch.Tensor, parents: torch.Tensor, cache,
         torch._dynamo.maybe_mark_dynamic(parents, 0)
     if logit_positions is not None and logit_positions.numel() > 1:
         torch._dynamo.maybe_mark_dynamic(logit_positions, 0)
+    mark_dynamic_keys(cache)
+
+
+def mark_dynamic_keys(cache) -> None:
+    """A prefix cache's key length (its keys and values [Hkv, P, D]) as dynamic: the prefix grows, and a
+    static cache's windows (``VerifyGraphs``) cut its buffers to different lengths."""
     for t in (*getattr(cache, "keys", ()), *getattr(cache, "values", ())):
         if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[1] > 1:
             torch._dynamo.maybe_mark_dynamic(t, 1)

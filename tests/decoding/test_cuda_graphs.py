@@ -257,3 +257,34 @@ def test_windows_share_the_compiled_graphs():
         assert len({w for *_, w in graphs.graphs}) == (1 if windows is None else 4)
     torch._dynamo.reset()
     assert graphs_made[16] == graphs_made[None], graphs_made
+
+
+def test_compiled_writes_through_windows(model):
+    """write_block(compiled=True) through windows: the compiled append_block_static mutates strided views
+    of the buffers in place (aot_eager here: Dynamo and AOT's functionalization, as under Inductor), with
+    the eager write's K/V and seed logits, and one compile for every window."""
+    import torch._dynamo.testing
+
+    B, V = model.config.block_size, model.config.vocab_size
+    g = torch.Generator().manual_seed(5)
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    model.__dict__["_compiled_methods"] = {
+        "append_block_static": torch.compile(model.append_block_static, backend=counter)}
+    try:
+        dyn = model.prefill(torch.randint(0, V, (5,), generator=g))
+        graphs = VerifyGraphs(model, replay="eager", windows=16)
+        static = graphs.attach(dyn, 5 + 4 * B)
+        with torch.inference_mode():
+            for _ in range(4):
+                block = torch.randint(0, V, (B,), generator=g)
+                dyn = model.write_block(dyn, block)
+                assert graphs.write_block(static, block, compiled=True) is static
+                torch.testing.assert_close(static.next_logits, dyn.next_logits)
+                for a, b in zip((*static.keys, *static.values), (*dyn.keys, *dyn.values)):
+                    torch.testing.assert_close(a[:, :dyn.length], b)
+        assert len({w for *_, w in graphs.write_graphs}) >= 3
+        assert counter.frame_count == 1, counter.frame_count
+    finally:
+        model.__dict__.pop("_compiled_methods", None)
+        torch._dynamo.reset()
