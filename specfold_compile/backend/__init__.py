@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.metadata
 import logging
 import warnings
 from pathlib import Path
@@ -142,3 +143,15 @@ def specfold_backend(gm: GraphModule, example_inputs: list[Any], options: dict[s
         return compiled
     plain = compile_graph(plan.traced, dataclasses.replace(settings, fold=False, dump_dir=None))
     return dispatch.FoldDispatch(compiled, lower(plain), plan)
+
+
+# backend="specfold" without an installed package (a source checkout on PYTHONPATH, as on the GPU
+# machine): the entry point in pyproject.toml registers the name only for installed copies. Where the
+# entry point exists, leave the name to it: a lookup of "specfold" loads this module and then registers
+# the name itself, which a registration here would make a duplicate. (Reading the entry points is what
+# Dynamo does too; torch._dynamo.list_backends would import every Dynamo backend, ~1 s.)
+if "specfold" not in importlib.metadata.entry_points(group="torch_dynamo_backends").names:
+    try:
+        torch._dynamo.register_backend(specfold_backend, name="specfold")
+    except AssertionError:  # registered already in this process (the module executed again)
+        pass

@@ -325,3 +325,22 @@ def test_entry_point_registers_backend_without_import():
     assert res.returncode == 0, res.stdout + res.stderr
     assert "ENTRY_POINT_OK" in res.stdout
     assert "NOT_REGISTERED_BY_IMPORT InvalidBackend" in res.stdout
+
+
+def test_backend_name_registered_without_the_entry_point():
+    """``backend="specfold"`` works from a source checkout, where no installed entry point names it:
+    importing the package registers it (checked in a process that sees no entry points at all)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib.metadata as md\n"
+        "md.entry_points = lambda **kw: md.EntryPoints([])\n"
+        "import torch\n"
+        "from torch._dynamo.backends.registry import lookup_backend\n"
+        "import specfold_compile\n"
+        "from specfold_compile.backend import specfold_backend\n"
+        "assert lookup_backend('specfold') is specfold_backend\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
