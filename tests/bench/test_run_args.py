@@ -1,4 +1,5 @@
-"""bench.run's command line: a ratio filter that matches no target is an error, not an empty run."""
+"""bench.run's command line and its suites on the dry-run shapes (CPU): filters that match nothing are errors,
+every part writes the rows the README's tables are made of."""
 import json
 
 import pytest
@@ -82,3 +83,26 @@ def test_decode_loop_windows_part(tmp_path, monkeypatch):
             assert r["tokens_agree_vs_whole"] == 1.0 and r["max_conf_diff_vs_whole"] < 1e-4
         elif r["windows"] is not None:
             assert r["rel_err_vs_whole"] < 1e-5
+
+
+def test_decode_loop_shape_and_writes_parts(tmp_path, monkeypatch):
+    """--decode-parts shape,writes (the README's decode-step and block-write rows) on the dry-run shapes:
+    every mode and N timed launched and replayed; the static cache's logits and writes against the
+    dynamic cache's (eager: equal; compiled: the same difference as the dynamic compiled write)."""
+    monkeypatch.setenv("OUT", str(tmp_path))
+    run.main(["--suite", "decode_loop", "--cpu-dry-run", "--decode-parts", "shape,writes", "--models",
+              "fast-dllm-v2-1.5b"])
+    rows = json.loads((tmp_path / "decode_loop.json").read_text())["rows"]
+    check = [r for r in rows if r["part"] == "shape_check"]
+    assert len(check) == 1 and check[0]["rel_err_static_vs_dynamic"] == 0.0 and check[0]["argmax_agree"] == 1.0
+    shape = [r for r in rows if r["part"] == "shape"]
+    assert {(r["mode"], r["n_branches"]) for r in shape} == {(m, n) for m in ("spiffy_compiled", "specfold")
+                                                             for n in (1, 9, 17)}
+    assert all(r["launched_ms"] > 0 and r["cuda_graph_ms"] > 0 for r in shape)
+    assert all(r["tokens_agree_vs_launched"] == 1.0 for r in shape if r["mode"] == "spiffy_compiled")
+    writes = {(r["write"], r["compiled"]): r for r in rows if r["part"] == "write"}
+    assert len(writes) == 6 and all(r["ms"] > 0 for r in writes.values())
+    for kind in ("static_launched", "static_cuda_graph"):
+        assert writes[kind, False]["rel_err_next_logits_vs_dynamic_eager"] == 0.0
+        assert writes[kind, True]["rel_err_next_logits_vs_dynamic_eager"] == pytest.approx(
+            writes["dynamic_launched", True]["rel_err_next_logits_vs_dynamic_eager"], rel=0.05)
