@@ -119,6 +119,20 @@ def _masked_rows(cfg, n_rows: int, changed: int, seed: int) -> tuple[torch.Tenso
     return draft_tokens(main, parents, changed, vocab, gen), parents
 
 
+def _prefilled(model, device: str, seed: int):
+    """``model``, its dynamic cache after a random 512-token prompt, and a random block to write next."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = min(model.config.vocab_size, 30000)
+    dyn = model.prefill(torch.randint(0, vocab, (512,), generator=gen).to(device))
+    return model, dyn, torch.randint(0, vocab, (model.config.block_size,), generator=gen).to(device)
+
+
+def _compiled_targets(model, kernels: str) -> dict:
+    """The decode-step rows' targets: Spiffy under Inductor and SpecFold (tau 0.3: r ~0.19 on these drafts)."""
+    return {"spiffy_compiled": torch.compile(model),
+            "specfold": torch.compile(model, backend=specfold_backend, options={"tau": TAU, "kernels": kernels})}
+
+
 def _agreement(name: str, a, b, masked) -> dict:
     """Confidence and argmax agreement of two ``_verify`` results (conf, tok) at the masked positions."""
     return {f"max_conf_diff_vs_{name}": float((a[0] - b[0])[masked].abs().max()),
@@ -137,13 +151,9 @@ def shape_rows(args, device: str, kernels: str, device_name: str, build_model, m
     _allow_many_graphs()
     rows = []
     for name in models:
-        model = build_model(args, name)
+        model, dyn, _ = _prefilled(build_model(args, name), device, seed=0)
         cfg = model.config
-        gen = torch.Generator().manual_seed(0)
-        prompt = torch.randint(0, min(cfg.vocab_size, 30000), (512,), generator=gen).to(device)
-        dyn = model.prefill(prompt)
-        targets = {"spiffy_compiled": torch.compile(model),
-                   "specfold": torch.compile(model, backend=specfold_backend, options={"tau": TAU, "kernels": kernels})}
+        targets = _compiled_targets(model, kernels)
         # the static cache against the dynamic one, eager model, N = 17
         rows17, parents17 = _masked_rows(cfg, 17, 6, 17)
         check = VerifyGraphs(model, replay="eager")
@@ -208,12 +218,8 @@ def write_rows(args, device: str, device_name: str, build_model, models) -> list
     rows = []
     for name in models:
         torch._dynamo.reset()
-        model = build_model(args, name)
+        model, dyn, block = _prefilled(build_model(args, name), device, seed=1)
         cfg = model.config
-        gen = torch.Generator().manual_seed(1)
-        vocab = min(cfg.vocab_size, 30000)
-        dyn = model.prefill(torch.randint(0, vocab, (512,), generator=gen).to(device))
-        block = torch.randint(0, vocab, (cfg.block_size,), generator=gen).to(device)
         ref = model.write_block(dyn, block)
         for compiled in (False, True):
             graphs = _graphs(model, device)
@@ -264,12 +270,8 @@ def window_rows(args, device: str, kernels: str, device_name: str, build_model, 
     rows = []
     for name in models:
         torch._dynamo.reset()
-        model = build_model(args, name)
+        model, dyn, block = _prefilled(build_model(args, name), device, seed=0)
         cfg = model.config
-        gen = torch.Generator().manual_seed(0)
-        vocab = min(cfg.vocab_size, 30000)
-        dyn = model.prefill(torch.randint(0, vocab, (512,), generator=gen).to(device))
-        block = torch.randint(0, vocab, (cfg.block_size,), generator=gen).to(device)
         # The eager model's logits (N = 9, masked positions) through the window and on the dynamic cache
         # against the whole capacity: how far reading fewer keys moves them (bf16 reduction order).
         check = VerifyGraphs(model, replay="eager")
@@ -286,9 +288,7 @@ def window_rows(args, device: str, kernels: str, device_name: str, build_model, 
         rows.append(row)
         print(json.dumps(row), flush=True)
         del check, whole_cache, ref, out
-        targets = {"spiffy_compiled": torch.compile(model),
-                   "specfold": torch.compile(model, backend=specfold_backend, options={"tau": TAU, "kernels": kernels}),
-                   "eager_writes": model}
+        targets = {**_compiled_targets(model, kernels), "eager_writes": model}
         for mode, target in targets.items():
             whole = {}
             for windows in (None, CAPACITY_STEP):
