@@ -6,6 +6,8 @@ The capture itself runs on the GPU machine (``bench/gpu_session.sh``'s decode-lo
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specfold_compile.decoding import VerifyGraphs, generate, logit_rows_bucket
 from specfold_compile.models import build
@@ -288,3 +290,23 @@ def test_compiled_writes_through_windows(model):
     finally:
         model.__dict__.pop("_compiled_methods", None)
         torch._dynamo.reset()
+
+
+@settings(max_examples=200, deadline=None)
+@given(windows=st.integers(2, 300), allocated=st.integers(2, 5000), data=st.data())
+def test_window_keys_is_the_smallest_doubling_that_holds_the_keys(windows, allocated, data):
+    """For any smallest window and cache: the window holds the keys read, is ``windows`` x 2^k or the
+    capacity asked for (the buffers less their spare key), and half of it would not hold them."""
+    from types import SimpleNamespace
+
+    graphs = VerifyGraphs(torch.nn.Identity(), replay="eager", windows=windows)
+    graphs.cache = SimpleNamespace(capacity=allocated)
+    needed = data.draw(st.integers(1, allocated))
+    w = graphs.window_keys(needed)
+    if needed >= allocated:  # only a call reading the spare key too gets the whole buffers
+        assert w == allocated
+        return
+    assert needed <= w <= allocated - 1
+    smallest_doubling = windows << max(0, (-(-needed // windows) - 1).bit_length())
+    assert smallest_doubling >= needed and (smallest_doubling == windows or smallest_doubling // 2 < needed)
+    assert w == min(smallest_doubling, allocated - 1)
