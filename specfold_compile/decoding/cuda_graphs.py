@@ -72,7 +72,7 @@ class VerifyGraphs:
     ``replay="eager"`` runs the same bookkeeping (static cache, input buffers, padded positions, one
     entry per shape) with the model called again instead of a graph replayed: for the CPU, for tests,
     and to bisect a wrong result between the bookkeeping and the capture. ``capture_writes``: ``generate``
-    replays its block writes too (``write_block``); False launches them (on the static cache, in place).
+    replays its block writes too (``write_block``); False launches them (in place, through the window).
     ``windows``: the smallest attention window in keys (module docstring; windows double from it up to
     the capacity); None: every call reads the whole capacity (the bisect switch).
     """
@@ -178,21 +178,27 @@ class VerifyGraphs:
             graph.positions[m:].copy_(positions[-1:].expand(graph.positions.shape[0] - m))
 
     def write_block(self, cache, block_tokens: Tensor, compiled: bool = False):
-        """``model.write_block`` on the attached static cache, replayed from a CUDA graph (one per block
-        length and ``compiled``, captured on first use; ``model.append_block_static``: the block's K/V
-        written in place, no prefix copy). The checks run on the host first; ``cache.next_logits`` is a
+        """``model.write_block`` on the attached static cache through its window, replayed from a CUDA
+        graph (one per block length, ``compiled`` and window, captured on first use;
+        ``model.append_block_static``: the block's K/V written in place, no prefix copy), or launched
+        when ``capture_writes`` is False. The checks run on the host first; ``cache.next_logits`` is a
         copy out of the pool. Returns ``cache``."""
         if cache is not self.cache:
             raise ValueError("cache: expected the static cache returned by attach")
         base = getattr(self.model, "_orig_mod", self.model)
         p, s, causal = base.check_block(cache, block_tokens, None, compiled)
         window, view = self.window(p + s)  # the block's keys are written after the prefix's
+        if not self.capture_writes:
+            mark_dynamic_keys(view)  # one compiled write for every window
+            base.write_block(view, block_tokens, causal, compiled)
+            cache.next_logits, cache.static_length = view.next_logits, p + s
+            return cache
         key = (s, causal, compiled, window)
         graph = self.write_graphs.get(key)
         if graph is None:
             append = base.compiled_method("append_block_static") if compiled else base.append_block_static
             tokens = block_tokens.clone()  # the graph's input buffer
-            mark_dynamic_keys(view)  # one compiled write for every window
+            mark_dynamic_keys(view)
 
             def call():
                 return append(view.keys, view.values, cache.device_length, tokens, causal)

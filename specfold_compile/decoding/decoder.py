@@ -237,7 +237,7 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
         out.extend(blk)
         if stop or len(out) >= max_new_tokens:
             break
-        if graphs is not None and graphs.capture_writes:
+        if graphs is not None:  # replayed, or launched in place (capture_writes=False)
             cache = graphs.write_block(cache, X.to(cache.next_logits.device), compile_writes)
         else:
             cache = model.write_block(cache, X.to(cache.next_logits.device), **writes)

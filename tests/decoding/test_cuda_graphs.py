@@ -310,3 +310,22 @@ def test_window_keys_is_the_smallest_doubling_that_holds_the_keys(windows, alloc
     smallest_doubling = windows << max(0, (-(-needed // windows) - 1).bit_length())
     assert smallest_doubling >= needed and (smallest_doubling == windows or smallest_doubling // 2 < needed)
     assert w == min(smallest_doubling, allocated - 1)
+
+
+def test_launched_writes_go_through_windows(model, monkeypatch):
+    """capture_writes=False: generate launches its block writes, in place, through the same windows as
+    the replayed ones (each write reads the smallest window holding its prefix and block)."""
+    seen = []
+    original = model.append_block_static
+
+    def spy(keys, values, device_length, block_tokens, causal):
+        seen.append((keys[0].shape[1], int(device_length) + block_tokens.shape[0]))
+        return original(keys, values, device_length, block_tokens, causal)
+
+    monkeypatch.setattr(model, "append_block_static", spy)
+    p = torch.tensor(PROMPTS[1])
+    kw = dict(mode="spiffy", max_new_tokens=120, threshold=0.5, draft_budget=8, stop_at_eos=False)
+    graphs = VerifyGraphs(model, replay="eager", capture_writes=False, windows=16)
+    assert generate(model, p, cuda_graphs=graphs, **kw).tokens == generate(model, p, **kw).tokens
+    assert graphs.write_captures == 0 and not graphs.write_graphs and len(seen) >= 3
+    assert all(w == graphs.window_keys(needed) and needed <= w < graphs.cache.capacity - 1 for w, needed in seen)
