@@ -4,6 +4,8 @@ On the CPU the graphs are replayed eagerly (``replay="eager"``): the same static
 padded logit positions and one entry per shape, the model called again where a GPU replays the capture.
 The capture itself runs on the GPU machine (``bench/gpu_session.sh``'s decode-loop part)."""
 
+import contextlib
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -13,6 +15,23 @@ from specfold_compile.decoding import VerifyGraphs, generate, logit_rows_bucket
 from specfold_compile.models import build
 
 PROMPTS = [[5, 6, 7, 8, 9], [2, 90, 17, 33, 4, 61, 12]]
+
+
+@contextlib.contextmanager
+def _counted_static_writes(model):
+    """``model``'s compiled ``append_block_static`` (what ``write_block(compiled=True)`` calls) compiled
+    with aot_eager under a compile counter, which the block yields; removed again after it."""
+    import torch._dynamo.testing
+
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    model.__dict__["_compiled_methods"] = {
+        "append_block_static": torch.compile(model.append_block_static, backend=counter)}
+    try:
+        yield counter
+    finally:
+        model.__dict__.pop("_compiled_methods", None)
+        torch._dynamo.reset()
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the real tiny models: conftest.py
@@ -110,15 +129,9 @@ def test_generate_with_graphs_matches_launched_calls(model, all_logits):
 def test_static_writes_compile_once_for_every_prefix_length(model):
     """write_block(compiled=True) on a static cache: one graph for every prefix length (its shapes depend
     on the capacity only), the same K/V and seed logits as the eager static write."""
-    import torch._dynamo.testing
-
     B, V = model.config.block_size, model.config.vocab_size
     g = torch.Generator().manual_seed(3)
-    torch._dynamo.reset()
-    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
-    model.__dict__["_compiled_methods"] = {
-        "append_block_static": torch.compile(model.append_block_static, backend=counter)}
-    try:
+    with _counted_static_writes(model) as counter:
         with torch.inference_mode():
             for n in (3, 11):
                 dyn = model.prefill(torch.randint(0, V, (n,), generator=g))
@@ -132,9 +145,6 @@ def test_static_writes_compile_once_for_every_prefix_length(model):
                     for a, b in zip((*comp.keys, *comp.values), (*eager.keys, *eager.values)):
                         torch.testing.assert_close(a[:, :comp.length], b[:, :comp.length])
         assert counter.frame_count == 1, counter.frame_count
-    finally:
-        model.__dict__.pop("_compiled_methods", None)
-        torch._dynamo.reset()
 
 
 def test_replayed_writes_match_launched_writes(model):
@@ -265,15 +275,9 @@ def test_compiled_writes_through_windows(model):
     """write_block(compiled=True) through windows: the compiled append_block_static mutates strided views
     of the buffers in place (aot_eager here: Dynamo and AOT's functionalization, as under Inductor), with
     the eager write's K/V and seed logits, and one compile for every window."""
-    import torch._dynamo.testing
-
     B, V = model.config.block_size, model.config.vocab_size
     g = torch.Generator().manual_seed(5)
-    torch._dynamo.reset()
-    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
-    model.__dict__["_compiled_methods"] = {
-        "append_block_static": torch.compile(model.append_block_static, backend=counter)}
-    try:
+    with _counted_static_writes(model) as counter:
         dyn = model.prefill(torch.randint(0, V, (5,), generator=g))
         graphs = VerifyGraphs(model, replay="eager", windows=16)
         static = graphs.attach(dyn, 5 + 4 * B)
@@ -287,9 +291,6 @@ def test_compiled_writes_through_windows(model):
                     torch.testing.assert_close(a[:, :dyn.length], b)
         assert len({w for *_, w in graphs.write_graphs}) >= 3
         assert counter.frame_count == 1, counter.frame_count
-    finally:
-        model.__dict__.pop("_compiled_methods", None)
-        torch._dynamo.reset()
 
 
 @settings(max_examples=200, deadline=None)
