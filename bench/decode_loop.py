@@ -119,6 +119,14 @@ def _masked_rows(cfg, n_rows: int, changed: int, seed: int) -> tuple[torch.Tenso
     return draft_tokens(main, parents, changed, vocab, gen), parents
 
 
+def _call_inputs(cfg, n_rows: int, device: str):
+    """A decode step's CPU rows and parents (``_masked_rows``, seed ``n_rows``) and, on ``device``, the
+    tokens, parents and masked positions a model call takes."""
+    cpu_rows, parents = _masked_rows(cfg, n_rows, 6, n_rows)
+    positions = (cpu_rows == cfg.mask_token_id).flatten().nonzero().flatten().to(device)
+    return cpu_rows, parents, cpu_rows.to(device), torch.tensor(parents, device=device), positions
+
+
 def _prefilled(model, device: str, seed: int):
     """``model``, its dynamic cache after a random 512-token prompt, and a random block to write next."""
     gen = torch.Generator().manual_seed(seed)
@@ -156,11 +164,9 @@ def shape_rows(args, device: str, kernels: str, device_name: str, build_model, m
         cfg = model.config
         targets = _compiled_targets(model, kernels)
         # the static cache against the dynamic one, eager model, N = 17
-        rows17, parents17 = _masked_rows(cfg, 17, 6, 17)
+        _, _, tokens, parent_ids, positions = _call_inputs(cfg, 17, device)
         check = VerifyGraphs(model, replay="eager")
         static = check.attach(dyn, 512 + 256)
-        tokens, parent_ids = rows17.to(device), torch.tensor(parents17, device=device)
-        positions = (rows17 == cfg.mask_token_id).flatten().nonzero().flatten().to(device)
         ref = model(tokens, parent_ids, dyn, logit_positions=positions).float()
         out = model(tokens, parent_ids, static, logit_positions=positions).float()
         rows.append({"part": "shape_check", "model": name, "prefix": 512, "capacity": static.capacity,
@@ -212,11 +218,12 @@ def write_rows(args, device: str, device_name: str, build_model, models) -> list
     """One block write at real shapes (random bf16 weights, 32 tokens after a 512-token prefix) as the
     decode loop makes it: on the dynamic cache (``append_block``: the prefix K/V copied by ``torch.cat``),
     eager and compiled (Inductor), launched; on a static cache of 768 keys (``append_block_static``: the
-    block's K/V written in place, attention over the whole capacity, masked), launched (``model.write_block``)
-    and replayed from a CUDA graph (``VerifyGraphs.write_block``, through a 768-key window here: since
-    session 16 it reads the smallest 256 x 2^k keys holding prefix and block), eager and compiled. Each timed static call is followed by
-    a reset of the cache's length (one small fill), so every call writes the same block at prefix 512.
-    Every write's seed logits and K/V are compared with the dynamic eager write's."""
+    block's K/V written in place, attention over the whole capacity, masked), launched
+    (``model.write_block``) and replayed from a CUDA graph (``VerifyGraphs.write_block``, through a
+    768-key window here: since session 16 it reads the smallest 256 x 2^k keys holding prefix and
+    block), eager and compiled. Each timed static call is followed by a reset of the cache's length (one
+    small fill), so every call writes the same block at prefix 512. Every write's seed logits and K/V
+    are compared with the dynamic eager write's."""
     rows = []
     for name in models:
         torch._dynamo.reset()
@@ -278,9 +285,7 @@ def window_rows(args, device: str, kernels: str, device_name: str, build_model, 
         # against the whole capacity: how far reading fewer keys moves them (bf16 reduction order).
         check = VerifyGraphs(model, replay="eager")
         whole_cache = check.attach(dyn, capacity)
-        cpu_rows, parents = _masked_rows(cfg, 9, 6, 9)
-        tokens, parent_ids = cpu_rows.to(device), torch.tensor(parents, device=device)
-        positions = (cpu_rows == cfg.mask_token_id).flatten().nonzero().flatten().to(device)
+        _, _, tokens, parent_ids, positions = _call_inputs(cfg, 9, device)
         ref = model(tokens, parent_ids, whole_cache, logit_positions=positions).float()
         row = {"part": "window_check", "model": name, "prefix": 512, "capacity": capacity, "n_branches": 9}
         for label, other in (("window", check.window(512)[1]), ("dynamic", dyn)):

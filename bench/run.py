@@ -816,8 +816,9 @@ def main(argv=None) -> int:
                     help="end_to_end: timed passes (modes alternate per problem; median per problem)")
     ap.add_argument("--decode-parts", type=lambda v: tuple(v.split(",")), default=("trained", "shape"),
                     help="decode_loop: trained (the task suite), shape (ms per step at --models), writes (one block "
-                         "write at --models, dynamic vs static cache, launched vs replayed), windows (replayed calls and writes "
-                         "at --models through attention windows vs the whole capacity of a 4096-key cache); "
+                         "write at --models, dynamic vs static cache, launched vs replayed), windows (replayed "
+                         "calls and writes at --models through attention windows vs the whole capacity of a "
+                         "4096-key cache); "
                          "comma-separated")
     args = ap.parse_args(argv)
     unknown = sorted(set(args.ratios or ()) - set(CHANGED_FOR_RATIO))

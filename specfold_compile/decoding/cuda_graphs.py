@@ -262,11 +262,15 @@ def add_cuda_graphs_argument(parser) -> None:
                              "with the model called instead (CPU; bisecting a wrong result)")
 
 
+def _needs_another_device(replay: str | None, device: str) -> bool:
+    return replay == "cuda" and torch.device(device).type != "cuda"
+
+
 def graphs_for_cli(replay: str | None, target, device: str) -> VerifyGraphs | None:
     """A ``VerifyGraphs`` of ``target`` for ``--cuda-graphs REPLAY`` (None: launched calls)."""
     if replay is None:
         return None
-    if replay == "cuda" and torch.device(device).type != "cuda":
+    if _needs_another_device(replay, device):
         raise ValueError(f"cuda_graphs: 'cuda' needs a CUDA device, got device {device!r} ('eager' runs the "
                          f"same loop without graphs)")
     return VerifyGraphs(target, replay=replay)
@@ -274,6 +278,6 @@ def graphs_for_cli(replay: str | None, target, device: str) -> VerifyGraphs | No
 
 def check_cuda_graphs_argument(parser, replay: str | None, device: str) -> None:
     """``parser.error`` before anything loads when ``--cuda-graphs`` cannot run on ``--device``."""
-    if replay == "cuda" and torch.device(device).type != "cuda":
+    if _needs_another_device(replay, device):
         parser.error(f"--cuda-graphs: CUDA graphs need --device cuda, got --device {device} "
                      f"(--cuda-graphs eager runs the same loop without graphs)")
