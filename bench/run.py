@@ -44,6 +44,7 @@ from specfold_compile.reference import folded_verify
 
 from .common import (Deadline, draft_tokens, draft_tree, floor_ms, out_dir, time_cuda_graph, time_launched, versions,
                      write_json)
+from .plot import PLOTS, plot_results
 
 MODELS = ("fast-dllm-v2-1.5b", "fast-dllm-v2-7b", "nld-3b")
 # --cpu-dry-run swaps these for tiny presets on the CPU (torch kernels, no CUDA graphs) to check the
@@ -856,10 +857,8 @@ def main(argv=None) -> int:
             continue
         write_json(out / f"{suite}.json", rows, {"suite": suite, "seconds": time.monotonic() - t0})
         print(f"== {suite}: {len(rows)} rows in {time.monotonic() - t0:.0f}s", flush=True)
-        if suite == "per_check" and rows:
-            from .plot import plot_per_check
-
-            plot_per_check(out / "per_check.json")
+        if suite in PLOTS and rows:
+            print(f"== {suite}: plotted {plot_results(out / f'{suite}.json')}", flush=True)
         if suite == "check" and not all(r.get("ok") for r in rows):
             status = 1
     return status

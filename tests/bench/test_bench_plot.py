@@ -1,6 +1,10 @@
 import json
+import random
 
-from bench.plot import main, merge_results, plot_per_check
+import pytest
+
+from bench.plot import (end_to_end_panels, main, merge_results, plot_breakdown, plot_end_to_end, plot_memory,
+                        plot_per_check, plot_results)
 
 
 def test_per_check_plot_writes_png(tmp_path):
@@ -52,3 +56,91 @@ def test_cli_merge_keeps_what_out_already_holds(tmp_path):
     assert main([str(out), new]).is_file()
     ms = {r["n_branches"]: r["ms"] for r in json.loads(out.read_text())["rows"]}
     assert ms == {1: 4.0, 5: 4.5, 9: 6.0}
+
+
+def _write(path, suite, rows):
+    path.write_text(json.dumps({"versions": {}, "suite": suite, "seconds": 1, "rows": rows}))
+    return path
+
+
+def _assert_png(out, json_path):
+    assert out == json_path.with_suffix(".png") and out.is_file()
+    data = out.read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) > 1000
+
+
+def test_breakdown_plot_writes_png(tmp_path):
+    rng = random.Random(0)
+    parts = ("dense_gemm", "attention_prefix", "gate", "rest(elementwise,norms)")
+    rows = [{"model": model, "mode": mode, "n_branches": n, "prefix": 512, "recompute_ratio": rng.uniform(0.1, 1),
+             "part": part, "ms_per_forward": rng.uniform(0.05, 3), "ms_per_layer": rng.uniform(0.001, 0.1),
+             "share": rng.random(), "kernels_per_forward": rng.randint(1, 200)}
+            for model in ("m1", "m2") for n in (1, 17) for mode in ("dense_compiled", "specfold") for part in parts
+            if not (mode == "dense_compiled" and part == "gate")]  # a part one mode has and another has not
+    path = _write(tmp_path / "breakdown.json", "breakdown", rows)
+    _assert_png(plot_breakdown(path), path)
+
+
+def test_memory_plot_writes_png(tmp_path):
+    rng = random.Random(1)
+    rows = [{"model": "m", "prefix": prefix, "n_branches": n, "mode": mode, "peak_bytes": rng.randint(10**9, 10**10),
+             "extra_bytes": n * rng.randint(10**6, 10**7), "weight_bytes": 10**9, "cache_bytes": prefix * 10**4,
+             "per_branch_cache_copy_bytes": n * prefix * 10**4}
+            for prefix in (2048, 8192) for n in (1, 9, 33) for mode in ("dense", "specfold")]
+    path = _write(tmp_path / "memory.json", "memory", rows)
+    _assert_png(plot_memory(path), path)
+
+
+def _end_to_end_rows(rng):
+    measured = [{"task": task, "mode": mode, "tokens_per_s": rng.uniform(100, 3000), "accuracy": 1.0,
+                 "kind": "measured (trained 3.8M model, test GPU)"}
+                for task in ("math", "code") for mode in ("vanilla", "spiffy", "specfold", "specfold_fold_all")]
+    projected = [{"task": task, "mode": mode, "shape": shape, "kind": kind, "latency": latency,
+                  "projected_tokens_per_s": rng.uniform(50, 1500), "projected_ms": rng.uniform(100, 2000)}
+                 for kind, latency in (("projected", "ms"), ("projected, launched", "launched_ms"))
+                 for shape in ("fast-dllm-v2-1.5b", "fast-dllm-v2-7b") for task in ("math", "code")
+                 for mode in ("vanilla", "spiffy", "specfold")]
+    return measured + projected
+
+
+def test_end_to_end_plot_writes_png(tmp_path):
+    path = _write(tmp_path / "end_to_end.json", "end_to_end", _end_to_end_rows(random.Random(2)))
+    _assert_png(plot_end_to_end(path), path)
+
+
+def test_end_to_end_projected_panels_say_projected():
+    """One panel per kind of number: the measured run, then each (shape, latency) projection, every
+    projected one titled so."""
+    panels = end_to_end_panels(_end_to_end_rows(random.Random(3)))
+    titles = [title for title, _ in panels]
+    assert titles[0].startswith("measured") and len(panels[0][1]) == 8
+    assert len(titles) == 5 and all("projected" in t for t in titles[1:])
+    assert len({t for t in titles if "launched" in t}) == 2 and all(len(bars) == 6 for _, bars in panels[1:])
+
+
+def test_plot_results_dispatches_on_suite(tmp_path):
+    path = _write(tmp_path / "e2e.json", "end_to_end", _end_to_end_rows(random.Random(4)))
+    _assert_png(plot_results(path), path)
+
+
+def test_plot_results_unknown_suite_is_an_error(tmp_path):
+    path = _write(tmp_path / "launch.json", "launch", [{"mode": "host_probe", "eager_add_us": 1.5}])
+    with pytest.raises(ValueError, match="'launch'.*per_check.*breakdown.*memory.*end_to_end"):
+        plot_results(path)
+
+
+def test_merge_keeps_every_part_of_breakdown_runs(tmp_path):
+    """Breakdown rows of one (model, mode, N) differ only by part: merging two runs (one model each, as a
+    run cut by its time limit and its rerun) keeps every part, and a rerun's part replaces the old one."""
+    def run(path, model, ms):
+        rows = [{"model": model, "mode": "specfold", "n_branches": 17, "prefix": 512, "part": part,
+                 "ms_per_forward": ms * (i + 1)} for i, part in enumerate(("dense_gemm", "attention_prefix"))]
+        path.write_text(json.dumps({"versions": {}, "suite": "breakdown", "seconds": 1, "rows": rows}))
+        return path
+
+    out = merge_results(tmp_path / "merged.json", [run(tmp_path / "a.json", "m1", 0.3),
+                                                   run(tmp_path / "b.json", "m2", 0.7),
+                                                   run(tmp_path / "c.json", "m1", 0.4)])
+    ms = {(r["model"], r["part"]): r["ms_per_forward"] for r in json.loads(out.read_text())["rows"]}
+    assert ms == {("m1", "dense_gemm"): 0.4, ("m1", "attention_prefix"): 0.8,
+                  ("m2", "dense_gemm"): 0.7, ("m2", "attention_prefix"): 1.4}
