@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|cli [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -119,5 +119,29 @@ case "$part" in
                       "${flag[@]}" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
                     rm -f "$OUT/logits_$f/per_check.png"
                   done ;;
+  cli)            # session 17: the command line on the GPU, from the source tree: `specfold generate` on the first
+                  # demo problem, Spiffy and SpecFold, tau 0 and 0.1, launched, with --cuda-graphs and with
+                  # --compile-writes (SpecFold); per run its rc, the md5 and first line of the text before the
+                  # statistics line, the statistics; then `specfold demo --cuda-graphs` (exits 1 unless
+                  # Spiffy's tokens equal vanilla's); ~4 min
+                  P=$(python -c "from specfold_compile.cli import demo_prompts; print(demo_prompts()[0])")
+                  echo "prompt: $P" | tee -a "$OUT/log.txt"
+                  for tau in ${CLI_TAUS:-0 0.1}; do for m in ${CLI_MODES:-spiffy specfold}; do
+                    for f in "" "--cuda-graphs" "--cuda-graphs --compile-writes"; do
+                      [ "$m" = spiffy ] && { [ "$tau" != 0 ] || [ "$f" = "--cuda-graphs --compile-writes" ]; } && continue
+                      # shellcheck disable=SC2086
+                      python -m specfold_compile.cli generate --mode $m --tau $tau --prompt "$P" --max-new-tokens 96 \
+                        --device cuda $f > "$OUT/gen.txt" 2> "$OUT/gen.err" && rc=0 || rc=$?
+                      # stdout only: Inductor's first compile in a process warns on stderr
+                      { echo "== $m tau=$tau $f rc=$rc"; sed '/^mode=/,$d' "$OUT/gen.txt" | md5sum
+                        sed '/^mode=/,$d' "$OUT/gen.txt" | tr '\n' '|' | cut -c1-120; echo
+                        grep -E '^mode=' "$OUT/gen.txt" || true; grep -E 'Error' "$OUT/gen.err" || true; } \
+                        | tee -a "$OUT/log.txt"
+                    done
+                  done; done
+                  rm -f "$OUT/gen.txt" "$OUT/gen.err"
+                  if [ "${CLI_DEMO:-1}" = 1 ]; then  # CLI_TAUS, CLI_MODES, CLI_DEMO=0: a subset
+                    python -m specfold_compile.cli demo --device cuda --cuda-graphs 2>&1 | tee -a "$OUT/log.txt"
+                  fi ;;
   *) echo "unknown part: $part" >&2; exit 2 ;;
 esac
