@@ -255,7 +255,7 @@ def suite_per_check(args) -> list[dict]:
         cfg = model.config
         options = {"tau": TAU, "kernels": KERNELS, "fold_head": args.fold_head, "dense_fraction": args.dense_fraction,
                    "min_spill_us": args.min_spill_us, "fold_min_branches": args.fold_min_branches,
-                   "fold_launched": args.fold_launched}
+                   "fold_launched": args.fold_launched, "combo_kernels": args.combo_kernels}
         folded = torch.compile(model, backend=specfold_backend, options=options)
         # Ablations, each its own mode: the rewritten graph without the default Inductor lowering on
         # CUDA; the gate's fold flags computed in the graph (options["gate_flags"]="graph").
@@ -339,7 +339,8 @@ def suite_per_check(args) -> list[dict]:
                                          "dense_fraction": args.dense_fraction, "min_spill_us": args.min_spill_us,
                                          "fold_min_branches": args.fold_min_branches,
                                          "fold_launched": args.fold_launched,
-                                         **({"fold_head": True} if args.fold_head else {})})
+                                         **({"fold_head": True} if args.fold_head else {}),
+                                         **({"combo_kernels": True} if args.combo_kernels else {})})
                 except Exception as exc:  # keep measuring the rest; record why this one failed
                     traceback.print_exc()
                     add({**base, "mode": "error", "error": repr(exc)[:300]})
@@ -472,7 +473,7 @@ def suite_breakdown(args) -> list[dict]:
                 fns[mode] = torch.compile(model.verify, dynamic=True)
             else:
                 options = {"tau": TAU, "kernels": KERNELS, "dense_fraction": args.dense_fraction,
-                           "min_spill_us": args.min_spill_us,
+                           "min_spill_us": args.min_spill_us, "combo_kernels": args.combo_kernels,
                            **({"inductor": False} if mode == "specfold_no_inductor" else {}),
                            **({"gate_flags": "graph"} if mode == "specfold_graph_flags" else {})}
                 fns[mode] = torch.compile(model, backend=specfold_backend, options=options)
@@ -787,6 +788,9 @@ def main(argv=None) -> int:
                     help="per_check: logits of this fraction of the N x B positions only (logit_positions; the "
                          "decode loop asks for the masked ones, 59-62%% of a multi-branch call's); rows get "
                          "logit_fraction. Default: every position's")
+    ap.add_argument("--combo-kernels", action="store_true",
+                    help="per_check / breakdown: SpecFold with options['combo_kernels'] (Inductor combines "
+                         "independent kernels into one launch; per_check rows get combo_kernels=true)")
     ap.add_argument("--fold-head", action="store_true", help="per_check: SpecFold with options['fold_head'] (its rows get fold_head=true)")
     ap.add_argument("--no-fuse-projections", dest="fuse_projections", action="store_false",
                     help="check / per_check / writes / memory / breakdown: models with q/k/v and gate/up as "

@@ -134,7 +134,8 @@ def specfold_backend(gm: GraphModule, example_inputs: list[Any], options: dict[s
         if inductor:
             from torch._inductor.compile_fx import compile_fx
 
-            return compile_fx(graph_module, example_inputs)
+            patches = {"combo_kernels": True} if settings.combo_kernels else None
+            return compile_fx(graph_module, example_inputs, config_patches=patches)
         return graph_module.forward
 
     compiled = lower(gm)

@@ -42,6 +42,12 @@ class SpecFoldSettings:
                           default): on when the graph's inputs are on CUDA and Triton imports (0.6-0.7x
                           the un-lowered latency on the H200, for 20-45 s more compile time), off on
                           CPU (where it needs a C++ compiler and gains little).
+    combo_kernels:        with Inductor lowering: let Inductor combine kernels that do not depend on each
+                          other into one launch (``torch._inductor.config.combo_kernels``, experimental
+                          in torch). A folded layer's Inductor kernels are latency-bound launches of a few
+                          us (e.g. the RoPE of q and of k, two kernels a layer). Measured (H200, 1.5B,
+                          N = 17, r = 0.19, session 17): 3.33 against 3.37 ms, 1.2% faster, first compile
+                          23 s against 44 s; off by default while torch calls the feature experimental.
     dense_fraction:       packed linears (Triton kernels) hand their first max(128, dense_fraction * R)
                           packed rows (a multiple of 64, at most R) to cuBLAS unconditionally; computed
                           rows beyond that spill to the count-aware Triton GEMM, whose tiles past the
@@ -50,16 +56,16 @@ class SpecFoldSettings:
                           through the Triton GEMM. No effect with kernels="torch". At 0.45 the head
                           holds 159 of the 161 folded calls of the task suite at tau = 0.1 (0.3: 141);
                           against 0.3 it costs 0-12% at low ratios and saves 33-40% at ratios 0.34-0.44
-                          (H200, README "dense_fraction"). 0.2 (128 rows up to N = 20) is 6-14% faster
+                          (H200, docs/results.md "dense_fraction"). 0.2 (128 rows up to N = 20) is 6-14% faster
                           up to N = 17 where the computed rows fit and 16-83% slower where they do not
-                          (session 11, README "A 128-row head").
+                          (session 11, docs/results.md "A 128-row head").
     min_spill_us:         with Triton kernels, a packed linear skips its spill launch and gives cuBLAS
                           every row when that is estimated (from the weight's shape at the H200's
                           bandwidth and bf16 rate) to cost less than this many microseconds more than
                           the head alone: a spill launch costs ~2 us even with nothing to do, more than
                           the extra rows of a small weight (k/v projections, tiny models). 0 = always
                           split. Default 2: 2-3% faster than 0 at the 1.5B shape (N = 5-33), within
-                          +-1% at 7B (H200, README "min_spill_us").
+                          +-1% at 7B (H200, docs/results.md "min_spill_us").
     count_aware_swiglu:   switch: the packed MLP's activation silu(gate) * up becomes
                           ``specfold::packed_silu_mul``, whose Triton kernel skips the rows past the
                           device-side count (Inductor's elementwise kernel walks all N * B rows of the
@@ -79,7 +85,7 @@ class SpecFoldSettings:
                           autotuning included, for a later capture). A folded forward's host work is
                           what a launched call costs:
                           on the H200's host 34-58 ms against 10-29 ms for the plain graph, at 1.5B and
-                          7B, 1.8-3.3x slower launched (session 13, README "Launched calls"); replayed
+                          7B, 1.8-3.3x slower launched (session 13, docs/results.md "Launched calls"); replayed
                           from a CUDA graph it is 0.5-0.9x the plain graph at recompute ratios <= 0.25.
                           True: fold launched calls too. Inside ``backend.fold_launched_calls()``
                           launched calls fold either way. A loop that never captures pays the folded
@@ -97,6 +103,7 @@ class SpecFoldSettings:
     gate_flags: str = "kernel"
     fold_head: bool = False
     inductor: bool | None = None
+    combo_kernels: bool = False
     dense_fraction: float = 0.45
     min_spill_us: float = 2.0
     count_aware_swiglu: bool = True
@@ -118,7 +125,7 @@ class SpecFoldSettings:
         if self.kernels not in KERNELS:
             raise ValueError(f"options['kernels']: expected one of {KERNELS}, got {self.kernels!r}")
         for name in ("strict", "fold", "pack", "attention_correction", "fold_head", "count_aware_swiglu",
-                     "fold_launched"):
+                     "fold_launched", "combo_kernels"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"options[{name!r}]: expected a bool, got {getattr(self, name)!r}")
         if self.inductor is not None and not isinstance(self.inductor, bool):

@@ -54,3 +54,29 @@ def test_gpu_default_path_triton_kernels_under_inductor(extra, monkeypatch):
     ref, _ = folded_verify(model, tokens, parents, cache, 0.3, fold_masks=s.fold_masks,
                            gate=extra.get("gate", "layer"), fold_head=extra.get("fold_head", False))
     assert float((out - ref).norm() / ref.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("combo_kernels, patches", [(False, None), (True, {"combo_kernels": True})])
+def test_combo_kernels_reaches_inductor_config(combo_kernels, patches, monkeypatch):
+    """options["combo_kernels"] is handed to Inductor as a config patch of this compile only (the
+    global config stays as it was); without it Inductor compiles with its own defaults."""
+    pytest.importorskip("torch._inductor")
+    import torch._inductor.compile_fx as inductor_compile_fx
+
+    seen = []
+
+    def fake_compile_fx(gm, example_inputs, config_patches=None, **kwargs):
+        seen.append(config_patches)
+        return gm.forward  # the rewritten graph, run as it is: the test is about what Inductor is told
+
+    monkeypatch.setattr(inductor_compile_fx, "compile_fx", fake_compile_fx)
+    torch._dynamo.reset()
+    model = build("tiny-nld", seed=3)
+    cache = model.prefill(torch.arange(1, 12))
+    tokens = torch.randint(0, 90, (3, model.config.block_size), generator=torch.Generator().manual_seed(2))
+    parents = torch.tensor([-1, 0, 1])
+    options = {"tau": 0.3, "inductor": True, "kernels": "torch", "combo_kernels": combo_kernels}
+    out = torch.compile(model, backend="specfold", options=options)(tokens, parents, cache)
+    assert seen == [patches]  # one graph (N > 1, every call folds on the CPU), lowered once
+    assert out.shape == (3, model.config.block_size, model.config.vocab_size)
+    assert torch._inductor.config.combo_kernels is False

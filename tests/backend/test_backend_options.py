@@ -73,6 +73,7 @@ def test_unknown_option_lists_valid_ones(tiny):
     ({"min_spill_us": float("nan")}, "min_spill_us"), ({"min_spill_us": "2"}, "min_spill_us"),
     ({"fold_min_branches": 0}, "fold_min_branches"), ({"fold_min_branches": 2.5}, "fold_min_branches"),
     ({"fold_min_branches": True}, "fold_min_branches"), ({"fold_min_branches": "auto"}, "fold_min_branches"),
+    ({"combo_kernels": "yes"}, "combo_kernels"), ({"combo_kernels": 1}, "combo_kernels"),
 ])
 def test_bad_option_values_name_the_option(options, name):
     with pytest.raises((ValueError, TypeError)) as info:
