@@ -11,7 +11,7 @@ The cost model counts GPU time, which is what a call costs when it is replayed f
 Launched from the host instead, a call costs its host work, and a folded forward's is much larger:
 on the H200's host, 507 launches and 168 custom ops, 34-58 ms a forward launched at 1.5B and 7B,
 against 10-29 ms for the plain graph under Inductor (which takes 2-15 ms on the GPU): launched folded
-calls were 1.8-3.3x slower than plain ones (README "Launched calls"). So with the cost model (and
+calls were 1.8-3.3x slower than plain ones (docs/results.md "Launched calls"). So with the cost model (and
 ``fold_launched=False``, the default) a call folds only while it is being captured into a CUDA graph;
 launched, it runs the plain graph. The first launched call at each N also runs the folded graph once,
 unrecorded and its result dropped, so that the folded graph's first run (autotuning, whose key

@@ -1,6 +1,6 @@
 """CUDA graphs in the decode loop: each verification shape is captured once and replayed.
 
-Why: launched from the host, a verification call is host-bound on the H200's host (README "Launched
+Why: launched from the host, a verification call is host-bound on the H200's host (docs/results.md "Launched
 calls": 10-29 ms dense under Inductor, 34-58 ms folded, against 2-15 ms of GPU time), so a loop that
 launches its calls gets neither the forward's GPU speed nor SpecFold's gain; replays get both.
 

@@ -277,7 +277,7 @@ def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla", max_new_tok
     from prompt to prompt. Same tokens as launched calls, up to the kernels' rounding (except that a
     SpecFold-compiled model folds captured calls while its launched ones run the plain graph, by
     default); block writes replay too (``VerifyGraphs(model, capture_writes=False)`` launches them),
-    the prompt's prefill stays launched. A launched call is host-bound on the H200 (README
+    the prompt's prefill stays launched. A launched call is host-bound on the H200 (docs/results.md
     "Launched calls"), so this is where the forward's GPU speed, and SpecFold's folding, reach the loop.
     """
     _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes, all_logits)

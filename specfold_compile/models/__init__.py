@@ -29,7 +29,7 @@ def from_config(config: ModelConfig, device: str | torch.device | None = None, s
     """Instantiate a model; weights are seeded random (skipped on the meta device or with seed=None).
 
     ``fuse_projections`` (default): q/k/v and gate/up as one GEMM each (``model.fuse_projections()``;
-    measured on the H200, README "Fused projections"); the seeded weights and the state_dict names are
+    measured on the H200, docs/results.md "Fused projections"); the seeded weights and the state_dict names are
     the same either way. ``False`` keeps the part modules (``self_attn.q_proj``, ...)."""
     device = torch.device(device or "cpu")
     with torch.device(device):

@@ -108,7 +108,7 @@ def test_cost_model_folds_only_where_it_pays(model_cache, monkeypatch):
     ("fast-dllm-v2-1.5b", 17, 9), ("fast-dllm-v2-7b", 9, 5), ("nld-3b", 9, 5),
 ])
 def test_cost_model_matches_the_measured_crossovers(shape, folds_at, not_at):
-    """H200 (README "Which calls fold"): SpecFold beat dense under Inductor at ``folds_at`` branches
+    """H200 (docs/results.md "Which calls fold"): SpecFold beat dense under Inductor at ``folds_at`` branches
     and lost at ``not_at``; the estimate must decide the same way."""
     from specfold_compile.models.config import PRESETS
 
