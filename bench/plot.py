@@ -252,7 +252,7 @@ def merge_results(out: str | Path, inputs: list[str | Path]) -> Path:
 
 def main(argv: list[str]) -> Path:
     """``OUT [IN ...]``: merge the inputs into OUT (after what OUT already holds), then plot OUT
-    (any plotted suite; merging is for per_check runs)."""
+    (any plotted suite; the merged file takes the first input's suite)."""
     out = Path(argv[0] if argv else "bench/results/per_check.json")
     inputs = argv[1:]
     if inputs:
