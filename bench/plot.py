@@ -153,7 +153,8 @@ def plot_memory(path: str | Path) -> Path:
     rows = _rows(path)
     panels = _in_order((r["model"], r["prefix"]) for r in rows)
     fig, axes = _subplots(len(panels), 3, 5.5, 4.2)
-    styles = [("o", "-"), ("x", ":"), ("s", "-."), ("^", "--")]  # dense and SpecFold nearly coincide: tell them apart
+    # dense and SpecFold nearly coincide: markers and line styles tell them apart
+    styles = [("o", "-"), ("x", ":"), ("s", "-."), ("^", "--")]
 
     def line(ax, points: dict[int, float], **style) -> None:
         xs = sorted(points)
