@@ -94,7 +94,9 @@ def test_decode_loop_shape_and_writes_parts(tmp_path, monkeypatch):
               "fast-dllm-v2-1.5b"])
     rows = json.loads((tmp_path / "decode_loop.json").read_text())["rows"]
     check = [r for r in rows if r["part"] == "shape_check"]
-    assert len(check) == 1 and check[0]["rel_err_static_vs_dynamic"] == 0.0 and check[0]["argmax_agree"] == 1.0
+    # bf16 on the CPU: attention over the static capacity (masked keys included) and over the dynamic
+    # prefix may accumulate in another order, depending on the CPU's matmul kernels (the H200 gives 0).
+    assert len(check) == 1 and check[0]["rel_err_static_vs_dynamic"] < 1e-3 and check[0]["argmax_agree"] == 1.0
     shape = [r for r in rows if r["part"] == "shape"]
     assert {(r["mode"], r["n_branches"]) for r in shape} == {(m, n) for m in ("spiffy_compiled", "specfold")
                                                              for n in (1, 9, 17)}
