@@ -56,6 +56,23 @@ def _names(text: str, allowed, what: str) -> list[str]:
     return out
 
 
+def _add_unsafe_run_code_argument(ap) -> None:
+    ap.add_argument("--unsafe-run-code", action="store_true",
+                    help="where no sandbox can be built (bubblewrap missing, namespaces denied), run the "
+                    "model-generated code of the code task WITHOUT isolation, as the invoking user")
+
+
+def _check_code_sandbox(tasks, unsafe_run_code: bool) -> None:
+    """Before loading anything: the code task needs a sandbox (or --unsafe-run-code)."""
+    from .tasks.sandbox import SandboxUnavailable, require_sandbox  # noqa: PLC0415
+
+    if "code" in tasks and not unsafe_run_code:
+        try:
+            require_sandbox()
+        except SandboxUnavailable as e:
+            raise SystemExit(f"--tasks code: {e}") from None
+
+
 def versions() -> dict:
     try:
         import triton  # noqa: PLC0415
@@ -147,13 +164,15 @@ def _decode_kwargs(args, budget: int) -> dict:
 
 def decode_problems(model, target, mode: str, problems, *, max_new_tokens: int, threshold: float,
                     draft_budget: int, draft_graph, device: str = "cpu", progress: str | None = None,
-                    stats: bool = False, all_logits: bool = False, cuda_graphs=False) -> RunStats:
+                    stats: bool = False, all_logits: bool = False, cuda_graphs=False,
+                    unsafe_run_code: bool = False) -> RunStats:
     """Decode every problem with ``target`` (the eager model, the compiled model or a wrapper) and score.
 
     ``mode`` is the decoding mode of ``generate`` ("vanilla" or "spiffy"). With ``stats``, the whole run is
     inside one ``collect_stats()`` and the overall recompute ratio is recorded. ``all_logits``: as
     ``generate``'s (a ``fold_head`` model needs every position's logits to gate its head); ``cuda_graphs``:
     as ``generate``'s (pass one ``VerifyGraphs`` of ``target`` to keep its graphs across problems).
+    ``unsafe_run_code``: score code responses unsandboxed where no sandbox can be built (``tasks/sandbox.py``).
     """
     from contextlib import nullcontext  # noqa: PLC0415
 
@@ -182,7 +201,8 @@ def decode_problems(model, target, mode: str, problems, *, max_new_tokens: int, 
             r = s.recompute_ratio
             out.recompute_ratio = None if math.isnan(r) else float(r)
     bar.close()
-    out.correct = [bool(c) for c in score_many(problems, [decode(model, t) for t in out.tokens])]
+    out.correct = [bool(c) for c in score_many(problems, [decode(model, t) for t in out.tokens],
+                                               unsafe_run_code=unsafe_run_code)]
     return out
 
 
@@ -210,7 +230,7 @@ def warm_up(model, target, mode: str, *, max_new_tokens: int, threshold: float, 
 def evaluate(model, tasks, modes, *, limit: int, tau: float = 0.1, draft_budgets=(8,), draft_graph=None,
              max_new_tokens: int = 96, threshold: float = 0.9, seed: int = 0, device: str = "cpu",
              kernels: str = "torch", fold_head: bool = False, progress: bool = True,
-             cuda_graphs: str | None = None) -> dict:
+             cuda_graphs: str | None = None, unsafe_run_code: bool = False) -> dict:
     """The ``results`` / equality / timing part of the eval report (see ``eval_cli``).
 
     With several draft budgets, the Spiffy and SpecFold modes run once per budget under the names
@@ -260,7 +280,8 @@ def evaluate(model, tasks, modes, *, limit: int, tau: float = 0.1, draft_budgets
             run = decode_problems(model, targets[mode], gen_mode, problems, max_new_tokens=max_new_tokens,
                                   threshold=threshold, draft_budget=b, draft_graph=draft_graph, device=device,
                                   progress=f"{task}/{name}" if progress else None, stats=mode == "specfold",
-                                  all_logits=all_logits[mode], cuda_graphs=graphs[mode] or False)
+                                  all_logits=all_logits[mode], cuda_graphs=graphs[mode] or False,
+                                  unsafe_run_code=unsafe_run_code)
             results[task][name] = run.summary()
             toks[name] = run.tokens
         if "vanilla" in toks:
@@ -340,9 +361,11 @@ def eval_cli(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="write the JSON report here")
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _add_unsafe_run_code_argument(ap)
     a = ap.parse_args(argv)
     tasks = _names(a.tasks, TASKS, "--tasks")
     modes = _names(a.modes, MODES, "--modes")
+    _check_code_sandbox(tasks, a.unsafe_run_code)
     budgets = _ints(a.draft_budgets) if a.draft_budgets else [a.draft_budget]
     if a.limit < 1:
         raise SystemExit("--limit must be >= 1")
@@ -353,7 +376,8 @@ def eval_cli(argv=None) -> int:
     graph = resolve_draft_graph(a.model, a.draft_graph)
     rep = evaluate(model, tasks, modes, limit=a.limit, tau=a.tau, draft_budgets=budgets, draft_graph=graph,
                    max_new_tokens=a.max_new_tokens, threshold=a.threshold, seed=a.seed, device=a.device,
-                   kernels=a.kernels, fold_head=a.fold_head, progress=not a.quiet, cuda_graphs=a.cuda_graphs)
+                   kernels=a.kernels, fold_head=a.fold_head, progress=not a.quiet, cuda_graphs=a.cuda_graphs,
+                   unsafe_run_code=a.unsafe_run_code)
     report = {
         "results": rep["results"],
         "spiffy_tokens_equal_vanilla": rep["spiffy_tokens_equal_vanilla"],
@@ -363,6 +387,7 @@ def eval_cli(argv=None) -> int:
                      "draft_budgets": budgets, "draft_graph": graph or "decoding default",
                      "max_new_tokens": a.max_new_tokens, "threshold": a.threshold, "kernels": a.kernels,
                      "fold_head": a.fold_head, "cuda_graphs": a.cuda_graphs, "device": a.device, "seed": a.seed,
+                     "unsafe_run_code": a.unsafe_run_code,
                      "torch_threads": torch.get_num_threads()},
         "versions": versions(),
         "machine": MACHINE if a.device == "cpu" else a.device,
@@ -508,7 +533,7 @@ def sweep_columns(tasks) -> list[str]:
 
 def sweep(model, taus, tasks, *, limit: int, draft_budget: int = 8, draft_graph=None, max_new_tokens: int = 96,
           threshold: float = 0.9, seed: int = 0, device: str = "cpu", kernels: str = "torch",
-          fidelity_every: int = 1, progress: bool = True) -> dict:
+          fidelity_every: int = 1, progress: bool = True, unsafe_run_code: bool = False) -> dict:
     """Per tau: SpecFold decoding (accuracy per task, tokens/s, recompute ratio); and fidelity of the
     folded logits at still-masked draft positions vs dense, measured on the calls of Spiffy decoding."""
     import torch._dynamo  # noqa: PLC0415
@@ -523,7 +548,8 @@ def sweep(model, taus, tasks, *, limit: int, draft_budget: int = 8, draft_graph=
     rec = FidelityRecorder(model, taus, every=fidelity_every)
     spiffy_acc = {}
     for t in tasks:
-        run = decode_problems(model, rec, "spiffy", problems[t], progress=f"fidelity {t}" if progress else None, **kw)
+        run = decode_problems(model, rec, "spiffy", problems[t], progress=f"fidelity {t}" if progress else None,
+                              unsafe_run_code=unsafe_run_code, **kw)
         spiffy_acc[t] = run.summary()["accuracy"]
     fid = rec.summary()
 
@@ -538,7 +564,8 @@ def sweep(model, taus, tasks, *, limit: int, draft_budget: int = 8, draft_graph=
         ratio_num = ratio_den = 0.0
         for t in tasks:
             run = decode_problems(model, compiled, "spiffy", problems[t], stats=True,
-                                  progress=f"tau={tau} {t}" if progress else None, **kw)
+                                  progress=f"tau={tau} {t}" if progress else None,
+                                  unsafe_run_code=unsafe_run_code, **kw)
             s = run.summary()
             acc[t] = s["accuracy"]
             toks += run.gen_tokens
@@ -656,18 +683,21 @@ def sweep_cli(argv=None) -> int:
     ap.add_argument("--fidelity-every", type=int, default=1, help="measure fidelity on every k-th multi-branch call")
     ap.add_argument("--out-dir", default=".")
     ap.add_argument("--quiet", action="store_true")
+    _add_unsafe_run_code_argument(ap)
     a = ap.parse_args(argv)
     taus = _floats(a.taus)
     if not taus or any(math.isnan(t) or t < 0 for t in taus):
         raise SystemExit(f"--taus: expected numbers >= 0, got {a.taus!r}")
     tasks = _names(a.tasks, TASKS, "--tasks")
+    _check_code_sandbox(tasks, a.unsafe_run_code)
     t0 = time.perf_counter()
     model = load_model(a.model, device=a.device)
     model.eval()
     graph = resolve_draft_graph(a.model, a.draft_graph)
     rep = sweep(model, taus, tasks, limit=a.limit, draft_budget=a.draft_budget, draft_graph=graph,
                 max_new_tokens=a.max_new_tokens, threshold=a.threshold, seed=a.seed, device=a.device,
-                kernels=a.kernels, fidelity_every=a.fidelity_every, progress=not a.quiet)
+                kernels=a.kernels, fidelity_every=a.fidelity_every, progress=not a.quiet,
+                unsafe_run_code=a.unsafe_run_code)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_sweep_csv(rep["rows"], tasks, out / "sweep.csv")
@@ -677,7 +707,7 @@ def sweep_cli(argv=None) -> int:
             "settings": {"taus": taus, "tasks": tasks, "limit": a.limit, "split": "test",
                          "draft_budget": a.draft_budget, "draft_graph": graph or "decoding default",
                          "max_new_tokens": a.max_new_tokens, "threshold": a.threshold, "kernels": a.kernels,
-                         "fidelity_every": a.fidelity_every, "seed": a.seed,
+                         "fidelity_every": a.fidelity_every, "seed": a.seed, "unsafe_run_code": a.unsafe_run_code,
                          "fidelity_positions": "draft rows n>=1, token == mask id; copy = parent's dense logits"},
             "versions": versions(), "machine": MACHINE if a.device == "cpu" else a.device,
             "total_seconds": time.perf_counter() - t0}

@@ -33,14 +33,19 @@ def sample(task: str, split: str, n: int, seed: int = 0) -> list[Problem]:
     return sample_split(task, get_task(task).make, split, n, seed)
 
 
-def score(problem: Problem, response: str) -> bool:
+def score(problem: Problem, response: str, unsafe_run_code: bool = False) -> bool:
+    """``unsafe_run_code``: the code task may run responses unsandboxed where no sandbox can be built
+    (else it raises ``SandboxUnavailable``; see ``sandbox.py``)."""
+    if problem.task == code_task.NAME:
+        return bool(code_task.score(problem, response, unsafe_run_code=unsafe_run_code))
     return bool(get_task(problem.task).score(problem, response))
 
 
-def score_many(problems: list[Problem], responses: list[str], workers: int = 8) -> list[bool]:
-    """Score in parallel (code runs one subprocess per problem)."""
+def score_many(problems: list[Problem], responses: list[str], workers: int = 8,
+               unsafe_run_code: bool = False) -> list[bool]:
+    """Score in parallel (code runs one sandbox per problem)."""
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(score, problems, responses))
+        return list(pool.map(lambda p, r: score(p, r, unsafe_run_code), problems, responses))
 
 
 def format_prompt(prompt: str) -> str:

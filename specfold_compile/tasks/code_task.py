@@ -1,8 +1,9 @@
 """MBPP-like: a one-sentence spec of a small Python function ``f``; the response is its source.
 
 Families: list pipelines (filter -> map -> reduce over ``xs``), string transform chains over ``s`` (1-2
-steps) and arithmetic on ``a, b``. Scored by running the response on hidden test cases in an isolated
-subprocess (see ``sandbox.py``) and comparing ``repr`` of every result with the reference's.
+steps) and arithmetic on ``a, b``. Scored by running the response on hidden test cases in an OS-level
+sandbox (see ``sandbox.py``) and comparing ``repr`` of every result with the reference's. Where no sandbox
+can be built, scoring raises ``SandboxUnavailable`` unless ``unsafe_run_code=True`` accepts the risk.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import random
 
 from .base import Problem
-from .sandbox import run_function
+from .sandbox import run_candidate
 
 NAME = "code"
 
@@ -125,6 +126,7 @@ def expected_outputs(problem: Problem) -> list[str]:
     return [repr(ns[problem.meta["entry"]](*args)) for args in problem.meta["tests"]]
 
 
-def score(problem: Problem, response: str, timeout: float = 2.0) -> bool:
-    results = run_function(response, problem.meta["entry"], problem.meta["tests"], timeout=timeout)
-    return results is not None and results == expected_outputs(problem)
+def score(problem: Problem, response: str, timeout: float = 2.0, unsafe_run_code: bool = False) -> bool:
+    result = run_candidate(response, problem.meta["entry"], problem.meta["tests"], timeout_s=timeout,
+                           unsafe_run_code=unsafe_run_code)
+    return result.values is not None and result.values == expected_outputs(problem)

@@ -1,9 +1,6 @@
-import time
-
 import pytest
 
 from specfold_compile.tasks import TASKS, get_task, sample, score, score_many, split_of
-from specfold_compile.tasks.sandbox import run_function
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -56,22 +53,3 @@ def test_code_checker_variants():
     assert not score(p, "def f(*a):\n    return None\n")
     assert not score(p, "def f(:\n")  # syntax error
     assert not score(p, "raise SystemExit(0)\n")
-
-
-def test_sandbox_isolation(tmp_path):
-    t0 = time.time()
-    assert run_function("def f():\n    while True:\n        pass\n", "f", [[]], timeout=1.0) is None
-    assert time.time() - t0 < 5
-    target = tmp_path / "x.txt"
-    code = f"def f():\n    open({str(target)!r}, 'w').write('hi')\n    return 1\n"
-    assert run_function(code, "f", [[]]) == ["<error PermissionError>"]
-    assert not target.exists()
-    code = f"import os\ndef f():\n    fd = os.open({str(target)!r}, os.O_WRONLY | os.O_CREAT)\n    return os.write(fd, b'x')\n"
-    res = run_function(code, "f", [[]])
-    assert res is None or res[0].startswith("<error")  # RLIMIT_FSIZE: no bytes written
-    assert not target.exists() or target.stat().st_size == 0
-    code = "import socket\ndef f():\n    socket.socket()\n    return 1\n"
-    assert run_function(code, "f", [[]]) == ["<error PermissionError>"]
-    code = "def f():\n    return len(bytearray(2 ** 31))\n"
-    assert run_function(code, "f", [[]]) in (None, ["<error MemoryError>"])
-    assert run_function("def f(x):\n    return x * 2\n", "f", [[1], ["a"]]) == ["2", "'aa'"]
