@@ -302,6 +302,9 @@ def test_memory_cpu_and_wall_limits():
     res = run_candidate("x = []\nwhile True:\n    x.append(bytearray(2 ** 22))\n", "f", [[]], timeout_s=5.0,
                         memory_bytes=2**27)
     assert res.status == "error"  # MemoryError at the top level: the code did not run to the end
+    forks = ("import os, time\ndef f():\n    for n in range(20):\n        try:\n            if os.fork() == 0:\n"
+             "                time.sleep(30)\n        except OSError:\n            return n\n    return n\n")
+    assert int(run_candidate(forks, "f", [[]], max_processes=4).values[0]) < 4  # also run as root
     t0 = time.monotonic()
     assert run_candidate("import time\ntime.sleep(60)\n", "f", [[]], timeout_s=1.0).status == "timeout"
     assert run_candidate("while True:\n    pass\n", "f", [[]], timeout_s=5.0, cpu_s=1).status == "crashed"
