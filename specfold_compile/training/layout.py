@@ -89,7 +89,7 @@ class Layout:
         (absolute block), ``dec`` (index into a decoded-block span of D for noisy indices, -1 otherwise),
         ``seed_at`` (for the last index of each clean block: the layout index holding the next block's
         first token, -1 elsewhere), and ``mask`` bool [T, T]."""
-        key = str(torch.device(device) if device is not None else torch.device("cpu"))
+        key = str(torch.empty(0, device=device).device)  # "cuda" and "cuda:0" are one entry
         if key not in self._cache:
             C, D, B = self.C, self.D, self.block
             start = B * self.n_prompt  # absolute position of the first decoded block
