@@ -1,4 +1,5 @@
-"""Train the shipped tiny Fast-dLLM-v2-layout model: ``PYTHONPATH=. python bench/train.py --out DIR --minutes 8 --seed 0``."""
+"""Train the shipped tiny Fast-dLLM-v2 model (GPU): ``PYTHONPATH=. python -m bench.train --out DIR --minutes 7.5
+--seed 0`` (or ``python bench/train.py ...``); see ``specfold_compile/training/train.py`` for the options."""
 
 import os
 import sys

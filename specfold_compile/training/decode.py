@@ -1,26 +1,32 @@
 """A minimal batched greedy vanilla decoder for the training self-check (no KV cache).
 
-Same convention as SPEC.md section 1 for Fast-dLLM v2: causal prefill of the prompt, whose last logits
-give the first block's seed (block position 0); each block of 32 is denoised sub-block by sub-block (8):
-one forward per step, commit by the package's rule (``decoding.commit``: every masked position of the
-current sub-block whose confidence is above ``threshold``, plus always the most confident one); position
-p reads the logits computed at p - 1. The tokens equal ``decoding.generate(mode="vanilla")`` (tested).
-A finished block is written with one more forward (attending to the prefix and, bidirectionally, to
-itself); its last logits seed the next block. Decoding stops after a block that contains eos. Every
-forward counts in NFE.
+Fast-dLLM v2 prompt handling on the absolute block grid (SPEC.md section 1), the layout the model is
+trained with (``layout.py``): blocks sit on positions ``[32k, 32k + 32)`` from the first prompt token.
+A prompt of ``L`` tokens has ``L // 32`` whole blocks (the prefill, block-causal); the first decoded
+block holds its last ``L mod 32`` tokens (fixed, never masked) followed by masks, or, when
+``L mod 32 == 0``, a seed read from the prefill's last logit at block position 0. Each block is denoised
+one forward per step, sub-block by sub-block (the 8-aligned windows of the absolute block), with the
+package's commit rule (``decoding.commit``: every masked position of the current sub-block whose
+confidence is above ``threshold``, plus always the most confident one); position p reads the logit
+computed at p - 1, block position 0 its own. A block is done when ``decoding.commit.block_finished``
+says so (no mask left, or an eos with no mask before it); decoding stops after a block with an eos or
+after ``max_blocks`` blocks. Otherwise the finished block is written (one forward attending to the prefix
+and, bidirectionally, to itself) and its last logit seeds the next block.
 
-Instead of a cache, each forward re-runs the prefix with the mask the cache would have been written with
-(prompt causal, finished blocks block-causal), using the training layout's token types. Rows are
-right-aligned so that all rows share one position vector; RoPE only sees position differences.
+Instead of a cache, every forward re-runs the prefix under the mask the cache would have been written
+with (``layout.block_attention_mask``: prefix blocks block-causal, the current block attending to them
+and to itself). Rows are left-padded by whole blocks so all rows share one position vector and the grid
+(RoPE only sees position differences). NFE counts what the cached decoder runs: the prefill (when the
+prompt has a whole block; here it is only run when its logit is the seed), every denoising step and
+every block write.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
-from ..decoding.commit import commit, confidence
-from .layout import CLEAN_T, NOISY_A, PAD_T, PROMPT_T, attention_mask
+from ..decoding.commit import block_finished, commit, confidence
+from .layout import CLEAN_T, NOISY_A, PAD_T, block_attention_mask
 
 
 @torch.no_grad()
@@ -28,7 +34,8 @@ def vanilla_decode(model, prompts: list[list[int]], *, mask_id: int, eos_id: int
                    block: int = 32, sub_block: int = 8, threshold: float = 0.9, max_blocks: int = 3,
                    batch_size: int = 64) -> tuple[list[list[int]], list[int]]:
     """Greedy vanilla decoding of each prompt (ids incl. bos/sep). Returns (generated ids, NFE) per prompt;
-    the ids are whole blocks (truncate at the first eos yourself)."""
+    the ids run to the end of the last decoded block (truncate at the first eos yourself; positions after
+    an eos may still hold the mask id)."""
     outs: list[list[int]] = []
     nfes: list[int] = []
     for i in range(0, len(prompts), batch_size):
@@ -39,50 +46,70 @@ def vanilla_decode(model, prompts: list[list[int]], *, mask_id: int, eos_id: int
     return outs, nfes
 
 
+class _Row:
+    """One prompt's decoding state: the finished blocks (the prefix) and the current block."""
+
+    def __init__(self, prompt: list[int], block: int, mask_id: int):
+        if not prompt:
+            raise ValueError("prompts: expected at least one token per prompt")
+        n_whole = len(prompt) // block * block
+        self.prefix = [list(prompt[i:i + block]) for i in range(0, n_whole, block)]
+        self.fixed = len(prompt) - n_whole  # the prompt's tail opens the first block
+        # the prefill, counted here when its logit is not needed (it then only fills the cache), else
+        # when it runs as the first forward
+        self.nfe = 1 if self.prefix and self.fixed else 0
+        self.out: list[int] = []
+        self.blocks_done = 0
+        self.done = False
+        if self.fixed:
+            self.cur = list(prompt[n_whole:]) + [mask_id] * (block - self.fixed)
+            self.writing = False
+        else:  # the next forward reads the seed from the prefix's last logit
+            self.cur = self.prefix.pop()
+            self.writing = True
+
+
 def _decode_batch(model, prompts, mask_id, eos_id, pad_id, block, sub_block, threshold, max_blocks):
     device = next(model.parameters()).device
-    n = len(prompts)
-    blocks: list[list[list[int]]] = [[] for _ in range(n)]
-    cur: list[list[int] | None] = [None] * n  # None: the next forward is a prefill / block write
-    nfe = [0] * n
-    done = [False] * n
-    while not all(done):
-        act = [r for r in range(n) if not done[r]]
-        cleans = [list(prompts[r]) + [t for b in blocks[r] for t in b] for r in act]
-        C = max(len(c) for c in cleans)
-        any_noisy = any(cur[r] is not None for r in act)
-        L = C + (block if any_noisy else 0)
-        ids = torch.full((len(act), L), pad_id, dtype=torch.long)
-        typ = torch.full((len(act), L), PAD_T, dtype=torch.long)
-        blk = torch.full((len(act), L), -1, dtype=torch.long)
+    rows = [_Row(p, block, mask_id) for p in prompts]
+    while True:
+        act = [r for r in rows if not r.done]
+        if not act:
+            break
+        M = max(len(r.prefix) for r in act)
+        S = (M + 1) * block
+        ids = torch.full((len(act), S), pad_id, dtype=torch.long)
+        kind = torch.full((len(act), S), PAD_T, dtype=torch.long)
+        blk = torch.arange(S).repeat(len(act), 1) // block
         for j, r in enumerate(act):
-            c, p = cleans[j], len(prompts[r])
-            s = C - len(c)
-            ids[j, s:C] = torch.tensor(c)
-            typ[j, s:s + p] = PROMPT_T
-            typ[j, s + p:C] = CLEAN_T
-            blk[j, s + p:C] = torch.arange(len(c) - p) // block
-            if cur[r] is not None:
-                ids[j, C:] = torch.tensor(cur[r])
-                typ[j, C:] = NOISY_A
-                blk[j, C:] = len(blocks[r])
-        mask = attention_mask(typ, blk).to(device)
-        logits = model.forward_sequence(ids.to(device), torch.arange(L, device=device), mask).float()
-        # the package's commit rule (decoding.commit); the distribution of block position q is read at
-        # layout index C + q - 1, and the seed of a block at C - 1
-        conf, tok = confidence(logits[:, C - 1:C + (block - 1 if any_noisy else 0)], mask_id)
-        conf, tok = conf.cpu(), tok.cpu()
+            first = (M - len(r.prefix)) * block  # whole pad blocks on the left keep the grid
+            if r.prefix:
+                ids[j, first:M * block] = torch.tensor([t for b in r.prefix for t in b])
+                kind[j, first:M * block] = CLEAN_T
+            ids[j, M * block:] = torch.tensor(r.cur)
+            kind[j, M * block:] = NOISY_A
+        mask = block_attention_mask(kind, blk).to(device)
+        logits = model.forward_sequence(ids.to(device), torch.arange(S, device=device), mask)[:, M * block:]
+        # Fast-dLLM v2 shift: block position p reads the logit at p - 1, position 0 its own
+        shifted = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        conf, tok = confidence(shifted.float(), mask_id)
+        _, seed = confidence(logits[:, -1].float(), mask_id)
+        conf, tok, seed = conf.cpu(), tok.cpu(), seed.cpu()
         for j, r in enumerate(act):
-            nfe[r] += 1
-            if cur[r] is None:  # prefill or block write: read the seed of the next block
-                if blocks[r] and (eos_id in blocks[r][-1] or len(blocks[r]) >= max_blocks):
-                    done[r] = True
-                    continue
-                cur[r] = [int(tok[j, 0])] + [mask_id] * (block - 1)
+            r.nfe += 1
+            if r.writing:  # prefill or block write: the last logit seeds the next block
+                r.prefix.append(r.cur)
+                r.cur = [int(seed[j])] + [mask_id] * (block - 1)
+                r.fixed, r.writing = 0, False
                 continue
-            state = commit(torch.tensor(cur[r]), conf[j], tok[j], mask_id, sub_block, threshold)
-            cur[r] = state.tolist()
-            if mask_id not in cur[r]:
-                blocks[r].append(cur[r])
-                cur[r] = None
-    return [[t for b in blocks[r] for t in b] for r in range(n)], nfe
+            r.cur = commit(torch.tensor(r.cur), conf[j], tok[j], mask_id, sub_block, threshold).tolist()
+            generated = r.cur[r.fixed:]
+            if not block_finished(generated, mask_id, len(generated), eos_id):
+                continue
+            r.out += generated
+            r.blocks_done += 1
+            if eos_id in generated or r.blocks_done >= max_blocks:
+                r.done = True
+            else:
+                r.writing = True
+    return [r.out for r in rows], [r.nfe for r in rows]

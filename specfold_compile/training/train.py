@@ -3,7 +3,10 @@
 Time-boxed: ``--minutes`` is the whole run (data, training, saving, the accuracy self-check). With
 ``--steps`` the step count is fixed instead (and the run is reproducible from ``--seed`` up to GPU
 kernel nondeterminism); a time-boxed run records the steps it took so it can be replayed with ``--steps``.
-Writes DIR/config.json, DIR/model.safetensors, DIR/tokenizer.json and DIR/train_summary.json.
+The layout (``layout.py``) puts every example's blocks on the absolute grid the decoder uses (Fast-dLLM v2
+prompt handling: the prompt's whole blocks block-causal, its tail sharing the first decoded block).
+Writes DIR/config.json, DIR/model.safetensors, DIR/tokenizer.json, DIR/tokenizer_config.json (with the
+prompt format as its chat template), DIR/prompt_format.json and DIR/train_summary.json.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -19,12 +21,13 @@ from pathlib import Path
 
 import torch
 
-from ..tasks import TASKS, sample, score_many
+from ..tasks import TASKS, format_prompt, sample, score_many
 from .decode import vanilla_decode
-from .layout import Layout, fill_response, make_batch, shifted_loss
-from .tokenizer import build_tokenizer, decode_response, encode_prompt, special_ids
+from .layout import Layout, fill_response, grid_blocks, layout_loss, make_batch
+from .tokenizer import build_tokenizer, decode_response, encode_prompt, save_tokenizer, special_ids
 
 BLOCK, SUB_BLOCK = 32, 8
+MAX_POSITIONS = 4096
 
 SIZES = {
     # ~3.8M parameters (tied embeddings), 15.2 MB of float32 weights.
@@ -66,44 +69,40 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_pool(tok, layout_block: int, ids_: dict, n_per_task: int, seed: int):
-    """Tokenized training problems: list of (prompt ids, filled response ids)."""
+def build_pool(tok, ids_: dict, n_per_task: int, seed: int):
+    """Tokenized training problems: (prompt ids, response ids without eos, task) lists."""
     prompts, responses, tasks = [], [], []
     for task in TASKS:
         probs = sample(task, "train", n_per_task, seed)
-        prompts += [f"<|bos|>{p.prompt}<|sep|>" for p in probs]
+        prompts += [format_prompt(p.prompt) for p in probs]
         responses += [p.reference for p in probs]
         tasks += [task] * len(probs)
     p_ids = [e.ids for e in tok.encode_batch(prompts, add_special_tokens=False)]
-    r_ids = [fill_response(e.ids, ids_["eos_token_id"], layout_block)
-             for e in tok.encode_batch(responses, add_special_tokens=False)]
+    r_ids = [e.ids for e in tok.encode_batch(responses, add_special_tokens=False)]
     return p_ids, r_ids, tasks
 
 
-def pool_buckets(p_ids, r_ids, P: int, pad_id: int, device) -> dict:
-    """Group examples by their number of response blocks; one layout (and one tensor pool) per group,
-    so one-block examples do not pay for the longest response."""
+def pool_buckets(p_ids, r_ids, eos_id: int, device) -> dict:
+    """Group examples by (whole prompt blocks, decoded blocks) on the absolute grid; one layout, one
+    attention mask and one tensor pool per group (no padding: one-block examples never pay for longer
+    ones)."""
     import numpy as np
 
-    groups: dict[int, list[int]] = {}
-    for i, r in enumerate(r_ids):
-        groups.setdefault(len(r) // BLOCK, []).append(i)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (p, r) in enumerate(zip(p_ids, r_ids)):
+        groups.setdefault(grid_blocks(len(p), len(r), BLOCK), []).append(i)
     buckets = {}
-    for nb, members in sorted(groups.items()):
-        layout = Layout(P, nb * BLOCK, BLOCK)
-        R = layout.R
-        rows = np.full((len(members), layout.T), pad_id, dtype=np.int16)
+    for key, members in sorted(groups.items()):
+        layout = Layout(*key, BLOCK)
+        rows = np.empty((len(members), layout.T), dtype=np.int16)
         plen = np.empty(len(members), dtype=np.int64)
         for j, i in enumerate(members):
-            p, r = p_ids[i], r_ids[i]
-            rows[j, P - len(p):P] = p
-            for start in (P, P + R, P + 2 * R):
-                rows[j, start:start + len(r)] = r
+            p = p_ids[i]
+            rows[j] = layout.row(p, fill_response(r_ids[i], len(p), eos_id, BLOCK))
             plen[j] = len(p)
-        buckets[nb] = {"layout": layout, "rows": torch.from_numpy(rows).to(device),
-                       "plen": torch.from_numpy(plen).to(device),
-                       "nblk": torch.full((len(members),), nb, dtype=torch.long, device=device),
-                       "positions": layout.positions(device)}
+        layout.tensors(device)
+        buckets[key] = {"layout": layout, "rows": torch.from_numpy(rows).to(device),
+                        "plen": torch.from_numpy(plen).to(device)}
     return buckets
 
 
@@ -157,17 +156,17 @@ def main(argv=None) -> dict:
     tok = build_tokenizer(args.vocab, seed=args.seed)
     ids_ = special_ids(tok)
     vocab_size = tok.get_vocab_size()
-    p_ids, r_ids, _ = build_pool(tok, BLOCK, ids_, args.pool, args.seed)
-    P = max(len(p) for p in p_ids)
-    buckets = pool_buckets(p_ids, r_ids, P, ids_["pad_token_id"], device)
-    nbs = sorted(buckets)
-    weights = [len(buckets[nb]["rows"]) for nb in nbs]
+    p_ids, r_ids, _ = build_pool(tok, ids_, args.pool, args.seed)
+    buckets = pool_buckets(p_ids, r_ids, ids_["eos_token_id"], device)
+    keys = sorted(buckets)
+    weights = [len(buckets[k]["rows"]) for k in keys]
     bucket_rng = random.Random(args.seed)
-    log(f"[data] {len(p_ids)} training problems, prompt region P={P}, "
-        + ", ".join(f"{w} with {nb} block(s) (T={buckets[nb]['layout'].T})" for nb, w in zip(nbs, weights))
+    log(f"[data] {len(p_ids)} training problems, "
+        + ", ".join(f"{w} with {k[0]} prompt + {k[1]} decoded block(s) (T={buckets[k]['layout'].T})"
+                    for k, w in zip(keys, weights))
         + f"; vocab {vocab_size}, setup {time.time() - t_start:.1f}s, device {device}")
 
-    model = make_model(args.size, vocab_size, ids_, args.seed, max_pos=4096).to(device)
+    model = make_model(args.size, vocab_size, ids_, args.seed, max_pos=MAX_POSITIONS).to(device)
     model.train()
     model.requires_grad_(True)
     n_params = sum(p.numel() for p in model.parameters())
@@ -210,13 +209,12 @@ def main(argv=None) -> dict:
         lr = lr_at(step, sched_total, args)
         for g in opt.param_groups:
             g["lr"] = lr
-        bk = buckets[bucket_rng.choices(nbs, weights)[0]]  # one response length per batch
+        bk = buckets[bucket_rng.choices(keys, weights)[0]]  # one layout per batch
         idx = torch.randint(0, bk["rows"].shape[0], (args.batch_size,), device=device, generator=gen)
-        inp, tgt, attn = make_batch(bk["rows"][idx], bk["plen"][idx], bk["nblk"][idx], bk["layout"],
-                                    ids_["mask_token_id"], gen)
+        inp, tgt, attn = make_batch(bk["rows"][idx], bk["plen"][idx], bk["layout"], ids_["mask_token_id"], gen)
         with autocast():
-            logits = fwd(inp, bk["positions"], attn)
-        loss = shifted_loss(logits, tgt)
+            logits = fwd(inp, bk["layout"].positions(device), attn)
+        loss = layout_loss(logits, tgt)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -235,7 +233,7 @@ def main(argv=None) -> dict:
     model.eval()
     model.requires_grad_(False)
     model.save_pretrained(out)
-    tok.save(str(out / "tokenizer.json"))
+    save_tokenizer(tok, out, MAX_POSITIONS)
     (out / "prompt_format.json").write_text(json.dumps({
         "prompt": "<|bos|>{prompt}<|sep|>", "response_end": "<|eos|>", **ids_,
         "block_size": BLOCK, "sub_block_size": SUB_BLOCK, "tasks": list(TASKS)}, indent=2) + "\n")
@@ -244,7 +242,9 @@ def main(argv=None) -> dict:
 
     summary = {"args": vars(args), "steps": step, "train_seconds": round(train_seconds, 1),
                "n_params": n_params, "weights_mb": round(weights_mb, 3), "model": SIZES[args.size],
-               "special_tokens": ids_, "vocab_size": vocab_size, "layout": {"P": P, "buckets": {nb: w for nb, w in zip(nbs, weights)}},
+               "special_tokens": ids_, "vocab_size": vocab_size, "layout": {"grid": "absolute", "block": BLOCK, "buckets": [
+                   {"prompt_blocks": k[0], "decoded_blocks": k[1], "T": buckets[k]["layout"].T, "examples": w}
+                   for k, w in zip(keys, weights)]},
                "loss_history": history, "final_loss": history[-1]["loss"] if history else None,
                "device": str(device), "torch": torch.__version__}
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
