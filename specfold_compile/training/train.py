@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..tasks import TASKS, format_prompt, sample, score_many
+from ..tasks.sandbox import require_sandbox
 from .decode import vanilla_decode
 from .layout import Layout, fill_response, grid_blocks, layout_loss, make_batch
 from .tokenizer import build_tokenizer, decode_response, encode_prompt, save_tokenizer, special_ids
@@ -57,6 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--compile", action="store_true", help="torch.compile the training forward (off: eager)")
+    ap.add_argument("--unsafe-run-code", action="store_true",
+                    help="the self-check scores the code task without a sandbox where none can be built "
+                         "(tasks/sandbox.py); without it a run on such a machine stops before training")
     return ap.parse_args(argv)
 
 
@@ -124,7 +128,8 @@ def lr_at(step: int, total: int, args) -> float:
     return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * prog)))
 
 
-def evaluate(model, tok, ids_: dict, n: int, seed: int, device, max_blocks: int = 3) -> dict:
+def evaluate(model, tok, ids_: dict, n: int, seed: int, device, max_blocks: int = 3,
+             unsafe_run_code: bool = False) -> dict:
     model.eval()
     results = {}
     for task in TASKS:
@@ -135,7 +140,7 @@ def evaluate(model, tok, ids_: dict, n: int, seed: int, device, max_blocks: int 
                                     pad_id=ids_["pad_token_id"], block=BLOCK, sub_block=SUB_BLOCK,
                                     max_blocks=max_blocks)
         texts = [decode_response(tok, o, ids_["eos_token_id"]) for o in outs]
-        ok = score_many(probs, texts)
+        ok = score_many(probs, texts, unsafe_run_code=unsafe_run_code)
         gen_tokens = [len(o[:o.index(ids_["eos_token_id"])]) if ids_["eos_token_id"] in o else len(o) for o in outs]
         results[task] = {"n": len(probs), "accuracy": sum(ok) / len(ok), "mean_nfe": sum(nfes) / len(nfes),
                          "mean_tokens": sum(gen_tokens) / len(gen_tokens), "seconds": round(time.time() - t0, 2),
@@ -146,6 +151,8 @@ def evaluate(model, tok, ids_: dict, n: int, seed: int, device, max_blocks: int 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if not args.unsafe_run_code:  # the self-check runs model-written code: fail now, not after training
+        require_sandbox()
     t_start = time.time()
     deadline = t_start + args.minutes * 60
     out = Path(args.out)
@@ -262,7 +269,7 @@ def main(argv=None) -> dict:
     except Exception as e:  # record, never lose the checkpoint over it
         summary["reload_error"] = f"{type(e).__name__}: {e}"
 
-    eval_results = evaluate(model, tok, ids_, args.eval_n, args.seed, device)
+    eval_results = evaluate(model, tok, ids_, args.eval_n, args.seed, device, unsafe_run_code=args.unsafe_run_code)
     summary["eval"] = eval_results
     summary["total_seconds"] = round(time.time() - t_start, 1)
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")

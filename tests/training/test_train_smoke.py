@@ -42,3 +42,14 @@ def test_tiny_training_run(tmp_path):
     prompt = "Write 3 words about cats in lowercase, separated by ', '."
     text = hf.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
     assert text == format_prompt(prompt)
+
+
+def test_training_without_a_sandbox_stops_before_any_work(tmp_path, monkeypatch):
+    """The self-check scores model-written code: where no sandbox can be built the run stops at once
+    (naming --unsafe-run-code), not after minutes of training."""
+    from specfold_compile.tasks import sandbox
+
+    monkeypatch.setattr(sandbox, "_bwrap", lambda: None)
+    with pytest.raises(sandbox.SandboxUnavailable, match="unsafe-run-code"):
+        main(["--out", str(tmp_path / "ckpt"), "--size", "tiny", "--steps", "1", "--device", "cpu"])
+    assert not (tmp_path / "ckpt").exists()
