@@ -18,6 +18,7 @@ import torch
 from torch.fx import GraphModule
 
 from .. import passes
+from ..fold_ops import invalid_parents_seen
 from . import dispatch
 from .dispatch import fold_launched_calls
 from .settings import SpecFoldSettings
@@ -26,7 +27,7 @@ from .stats import FoldStats, collect_stats
 log = logging.getLogger("specfold_compile")
 
 __all__ = ["specfold_backend", "compile_graph", "SpecFoldSettings", "SpecFoldError", "collect_stats", "FoldStats",
-           "fold_launched_calls"]
+           "fold_launched_calls", "invalid_parents_seen"]
 
 
 class SpecFoldError(RuntimeError):

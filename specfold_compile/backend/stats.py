@@ -14,6 +14,8 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from ..kernels.gate_ref import parents_invalid
+
 _active: list["FoldStats"] = []
 
 
@@ -37,6 +39,7 @@ class FoldStats:
         self._layers: list[LayerStats] = []
         self._last_masks: list[Tensor] = []
         self.calls = 0
+        self._invalid_parent_calls = 0
         self.plain_calls = 0  # calls the backend ran on the plain graph (too few branches, or launched)
         self.launched_plain_calls = 0  # of those: calls that fold when captured, run plain as launched
 
@@ -52,12 +55,14 @@ class FoldStats:
             while len(self._layers) <= gate_index:
                 self._layers.append(LayerStats())
             st = self._layers[gate_index]
-            fold = fold.cpu()
+            fold, parents = fold.cpu(), parents.cpu()
+            if gate_index == 0 and bool(parents_invalid(parents)):
+                self._invalid_parent_calls += 1
             n_rows, block = fold.shape
             st.draft_rows += (n_rows - 1) * block
             st.folded_rows += int(fold.sum())
             st.computed_draft_rows += (n_rows - 1) * block - int(fold.sum())
-            for length, count in _chain_lengths(fold, parents.cpu()).items():
+            for length, count in _chain_lengths(fold, parents).items():
                 st.chain_lengths[length] = st.chain_lengths.get(length, 0) + count
         self._pending.clear()
 
@@ -65,6 +70,13 @@ class FoldStats:
     def layers(self) -> list[LayerStats]:
         self._flush()
         return self._layers
+
+    @property
+    def invalid_parent_calls(self) -> int:
+        """Calls whose ``parents`` were invalid (eager ``model(...)`` raises on them): their rows with an
+        invalid parent were computed, not folded (``fold_ops.invalid_parents_seen``)."""
+        self._flush()
+        return self._invalid_parent_calls
 
     @property
     def recompute_ratio(self) -> float:
@@ -96,8 +108,8 @@ def _chain_lengths(fold: Tensor, parents: Tensor) -> dict[int, int]:
     n_rows, _ = fold.shape
     depth = torch.zeros_like(fold, dtype=torch.int64)
     for n in range(1, n_rows):
-        p = int(parents[n])
-        depth[n] = torch.where(fold[n], depth[p] + 1, torch.zeros_like(depth[n]))
+        if fold[n].any():  # (a row with an invalid parent folds nothing)
+            depth[n] = torch.where(fold[n], depth[int(parents[n])] + 1, torch.zeros_like(depth[n]))
     lengths = depth[fold]
     values, counts = torch.unique(lengths, return_counts=True)
     return {int(v): int(c) for v, c in zip(values, counts)}
