@@ -2,12 +2,14 @@
 
 The gate op reports its outputs here when a collector is active. Recording keeps device tensors and
 reads nothing back during the call; numbers are computed when a property is read. (Calls captured into
-a CUDA graph, and its replays, are not recorded.)
+a CUDA graph, and its replays, are not recorded.) Collectors are per context (``contextvars``): a
+``collect_stats()`` sees the calls of its own thread (or asyncio task) only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -16,7 +18,7 @@ from torch import Tensor
 
 from ..kernels.gate_ref import parents_invalid
 
-_active: list["FoldStats"] = []
+_active: contextvars.ContextVar[tuple["FoldStats", ...]] = contextvars.ContextVar("specfold_collectors", default=())
 
 
 @dataclass
@@ -119,37 +121,38 @@ def record_gate(gate_index: int, fold: Tensor, parents: Tensor) -> None:
     # A CUDA-graph capture runs no kernel, so the masks it would record hold no values (and later
     # replays run no Python): captured calls are not recorded.
     capturing = fold.is_cuda and torch.cuda.is_current_stream_capturing()
-    if _active and not torch.compiler.is_compiling() and not capturing:
-        for s in _active:
+    active = _active.get()
+    if active and not torch.compiler.is_compiling() and not capturing:
+        for s in active:
             s._record(gate_index, fold, parents)
 
 
 def record_plain_call() -> None:
-    for s in _active:
+    for s in _active.get():
         s.plain_calls += 1
 
 
 def record_launched_plain_call() -> None:
-    for s in _active:
+    for s in _active.get():
         s.launched_plain_calls += 1
 
 
 @contextlib.contextmanager
 def suspended() -> Iterator[None]:
     """Nothing is recorded inside (a call whose result is not returned, such as a warm-up)."""
-    saved = _active[:]
-    _active.clear()
+    token = _active.set(())
     try:
         yield
     finally:
-        _active[:] = saved
+        _active.reset(token)
 
 
 @contextlib.contextmanager
 def collect_stats() -> Iterator[FoldStats]:
+    """Record what the folded graphs do in this context (thread / task) while inside."""
     s = FoldStats()
-    _active.append(s)
+    token = _active.set(_active.get() + (s,))
     try:
         yield s
     finally:
-        _active.remove(s)
+        _active.reset(token)
