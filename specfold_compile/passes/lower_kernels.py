@@ -84,7 +84,12 @@ def lower_kernels(gm: GraphModule, settings: Any) -> GraphModule:
     if not analysis.foldable:
         return gm
     graph = gm.graph
-    impl = resolve_impl(settings.kernels, analysis.marker.meta["example_value"].device.type)
+    marker_value = analysis.marker.meta["example_value"]
+    impl = resolve_impl(settings.kernels, marker_value.device.type)
+    if impl == "triton":  # refused here, at compile time, rather than at the first call
+        from ..kernels import refuse_broken_bf16
+
+        refuse_broken_bf16(marker_value.dtype, "options['kernels']='triton'")
     regions = list(analysis.layers) + ([analysis.head] if analysis.head is not None else [])
     for layer in regions:
         for gate in layer.gates:
