@@ -41,7 +41,8 @@ _INVALID_PARENTS: dict[torch.device, Tensor] = {}
 def _invalid_parents_flag(device: torch.device) -> Tensor:
     flag = _INVALID_PARENTS.get(device)
     if flag is None:
-        flag = torch.zeros(1, dtype=torch.int32, device=device)
+        with torch.inference_mode(False):  # a normal tensor: updated in and out of inference mode
+            flag = torch.zeros(1, dtype=torch.int32, device=device)
         # A flag made while a CUDA graph is being captured would be reset by every replay: not kept.
         if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
             _INVALID_PARENTS[device] = flag

@@ -19,7 +19,14 @@ KERNELS = ("auto", "torch", "triton")
 class SpecFoldSettings:
     """Every option, with its default.
 
-    tau:                  fold threshold of the residual gate (SPEC section 2); 0 folds nothing.
+    tau:                  fold threshold of the residual gate (SPEC section 2); 0 folds nothing; compared
+                          in float32 (past float32's range: inf, see ``gate_tau``). At tau = 0 the output
+                          equals dense verification within rounding (SPEC P1), not bitwise (packed GEMMs,
+                          the attention correction's merge, one-rounding SwiGLU, Inductor): in float32
+                          (~1e-6 relative) SpecFold then decodes Spiffy's tokens unless a decision is
+                          tied that closely (tested on the trained model); in bf16/fp16 the logits agree
+                          within the dtype's rounding, which can flip near-tied argmaxes, so tokens are
+                          not claimed equal there.
     gate:                 "layer" (one gate per decoder layer) or "sublayer" (re-gate the MLP at h_mid).
     kernels:              "auto" (Triton on CUDA when available, else torch), "torch" (reference custom
                           ops) or "triton" (generated kernels; on CPU only under TRITON_INTERPRET=1).

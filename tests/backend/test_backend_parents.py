@@ -50,3 +50,17 @@ def test_an_invalid_parent_is_computed_and_the_rest_fold(tiny, options):
     assert s.invalid_parent_calls == 1 and invalid_parents_seen()
     out, s, _ = compile_run(model, tokens, torch.tensor([-1, 0, 1, 2]), cache, tau=0.9, **options)
     assert s.invalid_parent_calls == 0 and not invalid_parents_seen()
+
+
+def test_the_flag_works_in_and_out_of_inference_mode(monkeypatch):
+    """The flag is made on first use, which may be inside inference mode (``generate`` decodes in it):
+    it must stay a normal tensor that later calls outside inference mode can update."""
+    from specfold_compile import fold_ops
+
+    monkeypatch.setattr(fold_ops, "_INVALID_PARENTS", {})
+    h = torch.randn(3, 4, 8, generator=torch.Generator().manual_seed(0))
+    gate = lambda parents: torch.ops.specfold.fold_gate(h, parents, torch.tensor(0.5), 0, True, "torch")  # noqa: E731
+    with torch.inference_mode():
+        gate(torch.tensor([-1, 0, 1]))
+    gate(torch.tensor([-1, 0, 5]))
+    assert invalid_parents_seen()
