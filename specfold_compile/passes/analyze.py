@@ -17,7 +17,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch.fx import GraphModule, Node
 
 from . import ops_table as T

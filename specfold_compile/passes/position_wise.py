@@ -18,6 +18,7 @@ import torch
 from torch.fx import Node
 
 from . import ops_table as T
+from .ops_table import target_name
 from .op_args import bound_arguments, first_argument
 
 
@@ -44,10 +45,6 @@ def _trailing(value: Any, rank: int) -> bool:
     """Every dim of ``value`` is a constant past (branch, position)."""
     dims = _dims(value, rank)
     return dims is not None and all(d >= 2 for d in dims)
-
-
-def target_name(node: Node) -> str:
-    return T.target_name(node)
 
 
 def _bound(node: Node) -> tuple[dict[str, Any] | None, str]:
