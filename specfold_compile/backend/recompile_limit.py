@@ -11,13 +11,16 @@ other set of options (every tau of a sweep) needs as many again. So:
 * it watches Dynamo's limit warning (a filter on the ``torch._dynamo.convert_frame`` logger) and, for a
   function it compiled, adds a Python warning that says what happened and what to do, or raises
   ``RecompileLimitError`` when any of that function's graphs was compiled with ``strict=True``.
-  (Silencing Dynamo's warnings through logging silences this too.)
+  (Silencing Dynamo's warnings through logging silences this too.) The record of a function starts
+  afresh when the backend compiles it while Dynamo holds no graph of it (the first compile, or the first
+  after ``torch._dynamo.reset()``): a strict compile that was reset away does not make later ones strict.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import types
 import warnings
 
 import torch
@@ -37,15 +40,30 @@ class RecompileLimitError(RuntimeError):
     """Raised (``strict=True``) when Dynamo stops compiling a function the specfold backend compiled."""
 
 
-def current_function() -> str | None:
-    """The function Dynamo is compiling, named as in its log messages: ``'forward' (file:line)``."""
+def _current_code() -> types.CodeType | None:
+    """The code object Dynamo is compiling; None outside a Dynamo compile (compile_graph called directly)."""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
-        code = InstructionTranslator.current_tx().f_code
-    except Exception:  # not inside a Dynamo compile (e.g. compile_graph called directly)
+        return InstructionTranslator.current_tx().f_code
+    except Exception:
         return None
-    return f"'{code.co_name}' ({code.co_filename}:{code.co_firstlineno})"
+
+
+def current_function() -> str | None:
+    """The function Dynamo is compiling, named as in its log messages: ``'forward' (file:line)``."""
+    code = _current_code()
+    return None if code is None else f"'{code.co_name}' ({code.co_filename}:{code.co_firstlineno})"
+
+
+def _has_cached_graphs(code: types.CodeType | None) -> bool:
+    """Whether Dynamo holds a compiled graph of ``code`` (the one being compiled is added after the backend
+    returns, so this is False for a function's first compile and the first after a reset)."""
+    if code is None:
+        return True  # unknown: keep what is recorded
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return bool(_debug_get_cache_entry_list(code))
 
 
 def compile_id() -> str:
@@ -81,7 +99,8 @@ def watch(function: str | None, strict: bool, verification: bool) -> None:
             logging.getLogger(_DYNAMO_LOGGER).addFilter(_LimitFilter())
             _installed[0] = True
         if function is not None:
-            _functions[function] = _functions.get(function, False) or strict
+            earlier = _functions.get(function, False) and _has_cached_graphs(_current_code())
+            _functions[function] = earlier or strict
     config = torch._dynamo.config
     if verification and config.recompile_limit < MIN_RECOMPILE_LIMIT:
         log.info("specfold: raising torch._dynamo.config.recompile_limit from %d to %d (one set of backend "

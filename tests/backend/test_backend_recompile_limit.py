@@ -48,6 +48,16 @@ def test_strict_raises_past_the_limit(tiny, monkeypatch):
         _tau_loop(*tiny, taus=[0.1, 0.2], strict=True)
 
 
+def test_a_strict_compile_reset_away_leaves_later_ones_warning(tiny, monkeypatch):
+    """strict describes the graphs Dynamo holds: after torch._dynamo.reset() a non-strict sweep warns."""
+    monkeypatch.setattr(recompile_limit, "MIN_RECOMPILE_LIMIT", 0)
+    with torch._dynamo.config.patch(recompile_limit=2):
+        _tau_loop(*tiny, taus=[0.5], strict=True)
+        torch._dynamo.reset()
+        with pytest.warns(UserWarning, match="recompile_limit"):
+            assert _tau_loop(*tiny, taus=[0.1, 0.2, 0.3]) == [1, 1, 0]
+
+
 def test_the_backend_raises_the_limit_for_verification_graphs(tiny):
     model, tokens, parents, cache = tiny
     with torch._dynamo.config.patch(recompile_limit=4):
