@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .kernels.attention_ref import block_attention_ref, prefix_attention_ref
-from .kernels.gate_ref import fold_gate_ref, resolve_folds_ref
+from .kernels.gate_ref import fold_gate_ref, resolve_folds_ref, safe_parents, valid_parent_rows
 from .kernels.packed_linear_ref import packed_linear_ref
 from .kernels.swiglu_ref import silu_mul_ref
 
@@ -29,6 +29,43 @@ def _kernels():
     return kernels
 
 
+# --- invalid parents ------------------------------------------------------------------------------
+
+# One sticky flag per device, set by the gate (on the device, no host read) when a call's parents are
+# invalid: parents[0] != -1, or parents[n] outside [0, n). Such a row folds nothing, so it is computed
+# exactly as in the dense forward, and no row is read through it; since rows are independent, every
+# row's logits are then still the dense forward's (or, for rows with valid parents, folded as usual).
+_INVALID_PARENTS: dict[torch.device, Tensor] = {}
+
+
+def _invalid_parents_flag(device: torch.device) -> Tensor:
+    flag = _INVALID_PARENTS.get(device)
+    if flag is None:
+        with torch.inference_mode(False):  # a normal tensor: updated in and out of inference mode
+            flag = torch.zeros(1, dtype=torch.int32, device=device)
+        # A flag made while a CUDA graph is being captured would be reset by every replay: not kept.
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _INVALID_PARENTS[device] = flag
+    return flag
+
+
+def invalid_parents_seen(reset: bool = True) -> bool:
+    """Whether a fold gate has seen invalid ``parents`` (``parents[0] != -1`` or ``parents[n]`` outside
+    ``[0, n)``) since the last reset, on any device, captured CUDA-graph replays included.
+
+    Eager ``model(...)`` raises on such parents; a compiled call cannot check them without reading them
+    back to the host, so its gates compute the rows with an invalid parent instead of folding them (their
+    logits are the dense forward's) and set this flag. Reads the flags back (a host synchronisation): call
+    it where one is allowed, e.g. after a decode loop. ``collect_stats()`` counts such calls too
+    (``FoldStats.invalid_parent_calls``)."""
+    seen = False
+    for flag in _INVALID_PARENTS.values():
+        seen |= bool(flag.item())
+        if reset:
+            flag.zero_()
+    return seen
+
+
 # --- gate + origin + compaction ------------------------------------------------------------------
 
 def fold_flags_graph(h: Tensor, parents: Tensor, tau: Tensor) -> Tensor:
@@ -39,11 +76,10 @@ def fold_flags_graph(h: Tensor, parents: Tensor, tau: Tensor) -> Tensor:
     layer's input norm, which Inductor can fuse with it, instead of a separate pass over h.
     """
     hf = h.float()
-    hp = hf.index_select(0, parents.clamp_min(0))
+    hp = hf.index_select(0, safe_parents(parents))  # an invalid parent reads the row itself, never folds
     ss_diff = (hf - hp).square().sum(-1)
     ss_par = hp.square().sum(-1)
-    not_main = torch.arange(h.shape[0], device=h.device)[:, None] >= 1
-    return (ss_diff.sqrt() < tau * ss_par.sqrt()) & not_main
+    return (ss_diff.sqrt() < tau * ss_par.sqrt()) & valid_parent_rows(parents)[:, None]
 
 
 @torch.library.custom_op("specfold::fold_gate", mutates_args=())
@@ -56,18 +92,20 @@ def fold_gate(h: Tensor, parents: Tensor, tau: Tensor, gate_index: int, pack: bo
     (rows = arange, count = N*B) and ``slot = origin``: same results, no savings (a bisection switch).
     ``flags`` ([N, B] bool, from ``fold_flags_graph``): the fold flags, computed in the graph; the gate
     then only resolves origins and compacts.
+
+    Rows whose parent is invalid fold nothing (``invalid_parents_seen``).
     """
+    invalid = _invalid_parents_flag(h.device)
     if flags is not None:
         if impl == "triton":
-            fold, origin, rows, count, slot = _kernels().fold_gate_from_flags(flags, parents)
+            fold, origin, rows, count, slot = _kernels().fold_gate_from_flags(flags, parents, invalid)
         else:
-            fold = flags.clone()
-            fold[:1] = False
-            origin, rows, count, slot = resolve_folds_ref(fold, parents)
+            fold = flags & valid_parent_rows(parents)[:, None]
+            origin, rows, count, slot = resolve_folds_ref(fold, parents, invalid)
     elif impl == "triton":
-        fold, origin, rows, count, slot = _kernels().fold_gate(h, parents, tau)
+        fold, origin, rows, count, slot = _kernels().fold_gate(h, parents, tau, invalid)
     else:
-        fold, origin, rows, count, slot = fold_gate_ref(h, parents, tau)
+        fold, origin, rows, count, slot = fold_gate_ref(h, parents, tau, invalid)
     if not pack:
         n_flat = h.shape[0] * h.shape[1]
         rows = torch.arange(n_flat, device=h.device, dtype=torch.int64)

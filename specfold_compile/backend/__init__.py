@@ -1,7 +1,9 @@
 """The ``specfold`` torch.compile backend.
 
 Registered through the ``torch_dynamo_backends`` entry point (pyproject.toml), so
-``torch.compile(model, backend="specfold", options={...})`` works without importing this package.
+``torch.compile(model, backend="specfold", options={...})`` works without importing this package;
+``torch.compile(model, backend=SpecFoldBackend(**options))`` validates the options up front and keeps a
+record of every graph it compiles.
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ import torch
 from torch.fx import GraphModule
 
 from .. import passes
-from . import dispatch
+from ..fold_ops import invalid_parents_seen
+from . import dispatch, recompile_limit
 from .dispatch import fold_launched_calls
+from .recompile_limit import RecompileLimitError
 from .settings import SpecFoldSettings
 from .stats import FoldStats, collect_stats
 
 log = logging.getLogger("specfold_compile")
 
-__all__ = ["specfold_backend", "compile_graph", "SpecFoldSettings", "SpecFoldError", "collect_stats", "FoldStats",
-           "fold_launched_calls"]
+__all__ = ["specfold_backend", "SpecFoldBackend", "GraphRecord", "compile_graph", "SpecFoldSettings", "SpecFoldError",
+           "RecompileLimitError", "collect_stats", "FoldStats", "fold_launched_calls", "invalid_parents_seen"]
 
 
 class SpecFoldError(RuntimeError):
@@ -118,11 +122,29 @@ def compile_graph(gm: GraphModule, settings: SpecFoldSettings) -> GraphModule:
     return gm
 
 
-def specfold_backend(gm: GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None,
-                     mode: str | None = None, **unused: Any) -> Callable:
-    """torch.compile backend entry point (``backend="specfold"``)."""
-    settings = SpecFoldSettings.from_options(options)
+@dataclasses.dataclass(frozen=True)
+class GraphRecord:
+    """What the backend did with one graph Dynamo handed it (``SpecFoldBackend.graphs``)."""
+
+    function: str  # the Python function Dynamo compiled, "'forward' (file:line)" ("?" outside Dynamo)
+    compile_id: str  # Dynamo's "frame/compile" id
+    folded: bool  # rewritten: its calls fold (those the fold plan picks)
+    skip_reason: str | None  # not a verification graph at all (no marker, or N = 1)
+    blockers: tuple  # passes.Blocker: why a verification graph runs unchanged
+    fold_plan: str | None  # which calls fold (FoldPlan.description)
+    report: str  # the region report (as written to dump_dir/regions.txt)
+
+
+def _compile(gm: GraphModule, example_inputs: list[Any], settings: SpecFoldSettings) -> tuple[Callable, GraphRecord]:
+    function = recompile_limit.current_function()
     gm = compile_graph(gm, settings)
+    analysis = gm.meta["specfold"]
+    recompile_limit.watch(function, settings.strict, verification=analysis.marker is not None)
+    plan = getattr(analysis, "fold_plan", None)
+    folded = plan is not None and plan.variants != "plain"
+    record = GraphRecord(function or "?", recompile_limit.compile_id(), folded,
+                         analysis.skip_reason, tuple(analysis.blockers),
+                         plan.description if plan is not None else None, region_report(gm, settings))
     inductor = settings.inductor
     if inductor is None:  # auto: Inductor fuses the elementwise work between the fold ops on the GPU
         from .. import kernels  # (Inductor's GPU code is Triton too)
@@ -139,11 +161,43 @@ def specfold_backend(gm: GraphModule, example_inputs: list[Any], options: dict[s
         return graph_module.forward
 
     compiled = lower(gm)
-    plan = getattr(gm.meta["specfold"], "fold_plan", None)
     if plan is None or plan.variants != "both":
-        return compiled
+        return compiled, record
     plain = compile_graph(plan.traced, dataclasses.replace(settings, fold=False, dump_dir=None))
-    return dispatch.FoldDispatch(compiled, lower(plain), plan)
+    return dispatch.FoldDispatch(compiled, lower(plain), plan), record
+
+
+def specfold_backend(gm: GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None,
+                     mode: str | None = None, **unused: Any) -> Callable:
+    """torch.compile backend entry point (``backend="specfold"``, ``options={...}``)."""
+    return _compile(gm, example_inputs, SpecFoldSettings.from_options(options))[0]
+
+
+class SpecFoldBackend:
+    """The backend as an object: ``torch.compile(model, backend=SpecFoldBackend(tau=0.1, ...))``.
+
+    Takes the options of ``SpecFoldSettings`` as keyword arguments and validates them here, at
+    construction (an unknown name or a bad value is a one-line error naming the option), not at the first
+    compile inside Dynamo. ``graphs`` lists a ``GraphRecord`` per graph compiled (region report, blockers,
+    fold plan). Reuse one object for one set of options: Dynamo keeps a model's graphs per backend
+    object, so a new object per call compiles again. ``backend="specfold"`` with ``options={...}``
+    compiles the same way.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        self.settings = SpecFoldSettings.from_options(options)
+        self.graphs: list[GraphRecord] = []
+
+    def __call__(self, gm: GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
+        if kwargs:
+            raise TypeError(f"SpecFoldBackend: options go to SpecFoldBackend(...), not torch.compile; got "
+                            f"{sorted(kwargs)}")
+        compiled, record = _compile(gm, example_inputs, self.settings)
+        self.graphs.append(record)
+        return compiled
+
+    def __repr__(self) -> str:
+        return f"SpecFoldBackend({self.settings})"
 
 
 # backend="specfold" without an installed package (a source checkout on PYTHONPATH, as on the GPU

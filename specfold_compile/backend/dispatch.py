@@ -23,6 +23,7 @@ are not used here and would look launched.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -172,18 +173,19 @@ def _ranges(values: list[int]) -> str:
     return ", ".join(out)
 
 
-_fold_launched_depth = [0]
+_fold_launched = contextvars.ContextVar("specfold_fold_launched", default=False)
 
 
 @contextlib.contextmanager
 def fold_launched_calls():
     """Inside it, launched calls fold wherever captured ones would (as with ``fold_launched=True``): for
-    ``collect_stats`` on calls that would otherwise run the plain graph, or to time them folded."""
-    _fold_launched_depth[0] += 1
+    ``collect_stats`` on calls that would otherwise run the plain graph, or to time them folded. Per
+    context (thread / asyncio task), like ``collect_stats``."""
+    token = _fold_launched.set(True)
     try:
         yield
     finally:
-        _fold_launched_depth[0] -= 1
+        _fold_launched.reset(token)
 
 
 def capturing() -> bool:
@@ -202,7 +204,7 @@ class FoldDispatch:
     def __call__(self, *args: Any) -> Any:
         n = self.plan.branches(args)
         if self.plan.fold_at(n):
-            if not self.plan.launched_plain or _fold_launched_depth[0] or capturing():
+            if not self.plan.launched_plain or _fold_launched.get() or capturing():
                 self.warm.add(n)
                 return self.folded(*args)
             if n not in self.warm:  # warm the folded graph for a later capture (its result is not used)

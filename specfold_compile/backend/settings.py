@@ -8,6 +8,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 GATES = ("layer", "sublayer")
 GATE_FLAGS = ("kernel", "graph")
 KERNELS = ("auto", "torch", "triton")
@@ -17,7 +19,14 @@ KERNELS = ("auto", "torch", "triton")
 class SpecFoldSettings:
     """Every option, with its default.
 
-    tau:                  fold threshold of the residual gate (SPEC section 2); 0 folds nothing.
+    tau:                  fold threshold of the residual gate (SPEC section 2); 0 folds nothing; compared
+                          in float32 (past float32's range: inf, see ``gate_tau``). At tau = 0 the output
+                          equals dense verification within rounding (SPEC P1), not bitwise (packed GEMMs,
+                          the attention correction's merge, one-rounding SwiGLU, Inductor): in float32
+                          (~1e-6 relative) SpecFold then decodes Spiffy's tokens unless a decision is
+                          tied that closely (tested on the trained model); in bf16/fp16 the logits agree
+                          within the dtype's rounding, which can flip near-tied argmaxes, so tokens are
+                          not claimed equal there.
     gate:                 "layer" (one gate per decoder layer) or "sublayer" (re-gate the MLP at h_mid).
     kernels:              "auto" (Triton on CUDA when available, else torch), "torch" (reference custom
                           ops) or "triton" (generated kernels; on CPU only under TRITON_INTERPRET=1).
@@ -113,11 +122,15 @@ class SpecFoldSettings:
     def __post_init__(self) -> None:
         try:
             tau = float(self.tau)
+        except OverflowError:  # an int past float's range
+            tau = math.inf
         except (TypeError, ValueError):
             tau = math.nan  # e.g. "abc" or None: reported below, naming the option
         if isinstance(self.tau, bool) or math.isnan(tau) or tau < 0:
             raise ValueError(f"options['tau']: expected a number >= 0, got {self.tau!r}")
         object.__setattr__(self, "tau", tau)
+        if self.dump_dir is not None and not isinstance(self.dump_dir, (str, os.PathLike)):
+            raise TypeError(f"options['dump_dir']: expected None or a path, got {self.dump_dir!r}")
         if self.gate not in GATES:
             raise ValueError(f"options['gate']: expected one of {GATES}, got {self.gate!r}")
         if self.gate_flags not in GATE_FLAGS:
@@ -141,6 +154,13 @@ class SpecFoldSettings:
         k = self.fold_min_branches
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"options['fold_min_branches']: expected None (cost model) or an int >= 1, got {k!r}")
+
+    @property
+    def gate_tau(self) -> float:
+        """tau as the float32 the gate compares in (SPEC section 2): rounded, so a tau past float32's range
+        (3.4e38) is inf, which folds every row whose difference to its parent is finite and whose parent
+        row is finite and nonzero."""
+        return float(torch.tensor(self.tau, dtype=torch.float64).to(torch.float32))
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None) -> "SpecFoldSettings":

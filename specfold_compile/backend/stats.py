@@ -2,19 +2,23 @@
 
 The gate op reports its outputs here when a collector is active. Recording keeps device tensors and
 reads nothing back during the call; numbers are computed when a property is read. (Calls captured into
-a CUDA graph, and its replays, are not recorded.)
+a CUDA graph, and its replays, are not recorded.) Collectors are per context (``contextvars``): a
+``collect_stats()`` sees the calls of its own thread (or asyncio task) only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
 from torch import Tensor
 
-_active: list["FoldStats"] = []
+from ..kernels.gate_ref import parents_invalid
+
+_active: contextvars.ContextVar[tuple["FoldStats", ...]] = contextvars.ContextVar("specfold_collectors", default=())
 
 
 @dataclass
@@ -37,6 +41,7 @@ class FoldStats:
         self._layers: list[LayerStats] = []
         self._last_masks: list[Tensor] = []
         self.calls = 0
+        self._invalid_parent_calls = 0
         self.plain_calls = 0  # calls the backend ran on the plain graph (too few branches, or launched)
         self.launched_plain_calls = 0  # of those: calls that fold when captured, run plain as launched
 
@@ -52,12 +57,14 @@ class FoldStats:
             while len(self._layers) <= gate_index:
                 self._layers.append(LayerStats())
             st = self._layers[gate_index]
-            fold = fold.cpu()
+            fold, parents = fold.cpu(), parents.cpu()
+            if gate_index == 0 and bool(parents_invalid(parents)):
+                self._invalid_parent_calls += 1
             n_rows, block = fold.shape
             st.draft_rows += (n_rows - 1) * block
             st.folded_rows += int(fold.sum())
             st.computed_draft_rows += (n_rows - 1) * block - int(fold.sum())
-            for length, count in _chain_lengths(fold, parents.cpu()).items():
+            for length, count in _chain_lengths(fold, parents).items():
                 st.chain_lengths[length] = st.chain_lengths.get(length, 0) + count
         self._pending.clear()
 
@@ -65,6 +72,13 @@ class FoldStats:
     def layers(self) -> list[LayerStats]:
         self._flush()
         return self._layers
+
+    @property
+    def invalid_parent_calls(self) -> int:
+        """Calls whose ``parents`` were invalid (eager ``model(...)`` raises on them): their rows with an
+        invalid parent were computed, not folded (``fold_ops.invalid_parents_seen``)."""
+        self._flush()
+        return self._invalid_parent_calls
 
     @property
     def recompute_ratio(self) -> float:
@@ -96,8 +110,8 @@ def _chain_lengths(fold: Tensor, parents: Tensor) -> dict[int, int]:
     n_rows, _ = fold.shape
     depth = torch.zeros_like(fold, dtype=torch.int64)
     for n in range(1, n_rows):
-        p = int(parents[n])
-        depth[n] = torch.where(fold[n], depth[p] + 1, torch.zeros_like(depth[n]))
+        if fold[n].any():  # (a row with an invalid parent folds nothing)
+            depth[n] = torch.where(fold[n], depth[int(parents[n])] + 1, torch.zeros_like(depth[n]))
     lengths = depth[fold]
     values, counts = torch.unique(lengths, return_counts=True)
     return {int(v): int(c) for v, c in zip(values, counts)}
@@ -107,37 +121,38 @@ def record_gate(gate_index: int, fold: Tensor, parents: Tensor) -> None:
     # A CUDA-graph capture runs no kernel, so the masks it would record hold no values (and later
     # replays run no Python): captured calls are not recorded.
     capturing = fold.is_cuda and torch.cuda.is_current_stream_capturing()
-    if _active and not torch.compiler.is_compiling() and not capturing:
-        for s in _active:
+    active = _active.get()
+    if active and not torch.compiler.is_compiling() and not capturing:
+        for s in active:
             s._record(gate_index, fold, parents)
 
 
 def record_plain_call() -> None:
-    for s in _active:
+    for s in _active.get():
         s.plain_calls += 1
 
 
 def record_launched_plain_call() -> None:
-    for s in _active:
+    for s in _active.get():
         s.launched_plain_calls += 1
 
 
 @contextlib.contextmanager
 def suspended() -> Iterator[None]:
     """Nothing is recorded inside (a call whose result is not returned, such as a warm-up)."""
-    saved = _active[:]
-    _active.clear()
+    token = _active.set(())
     try:
         yield
     finally:
-        _active[:] = saved
+        _active.reset(token)
 
 
 @contextlib.contextmanager
 def collect_stats() -> Iterator[FoldStats]:
+    """Record what the folded graphs do in this context (thread / task) while inside."""
     s = FoldStats()
-    _active.append(s)
+    token = _active.set(_active.get() + (s,))
     try:
         yield s
     finally:
-        _active.remove(s)
+        _active.reset(token)

@@ -33,6 +33,7 @@ if _TRITON_IMPORT_ERROR is None:
         slot_attention,
     )
     from .gate import fold_gate, fold_gate_from_flags, resolve_folds
+    from .interpreter_bf16 import refuse_broken_bf16
     from .packed_linear import packed_linear
     from .swiglu import silu_mul
 else:
@@ -43,6 +44,9 @@ else:
         return fn
 
     fold_gate = _missing("fold_gate")
+
+    def refuse_broken_bf16(dtype, what):  # no Triton kernel can run: nothing to refuse
+        return None
     fold_gate_from_flags = _missing("fold_gate_from_flags")
     resolve_folds = _missing("resolve_folds")
     prefix_attention = _missing("prefix_attention")
@@ -71,7 +75,7 @@ def triton_available() -> bool:
 
 
 __all__ = [
-    "triton_available",
+    "triton_available", "refuse_broken_bf16",
     "fold_gate", "fold_gate_from_flags", "resolve_folds", "fold_gate_ref", "fold_flags_ref", "resolve_folds_ref",
     "prefix_attention", "prefix_attention_states", "block_attention", "branch_attention", "one_pass_attention",
     "slot_attention",

@@ -33,6 +33,7 @@ import triton.language as tl
 from . import _common
 
 from ._common import dot_precision, expect, interpreting, tl_dtype
+from .interpreter_bf16 import refuse_broken_bf16
 
 
 @triton.jit
@@ -406,6 +407,7 @@ def _check_block_inputs(q, k, v, slot):
     expect(slot.dim() == 2, "slot", "[N, B]", tuple(slot.shape))
     expect(slot.dtype in (torch.int32, torch.int64), "slot", "int32 or int64 row indices", slot.dtype)
     _check_last_contig(q=q, k=k, v=v)
+    refuse_broken_bf16(q.dtype, "attention")
     return slot if slot.stride(-1) == 1 else slot.contiguous()
 
 
@@ -494,6 +496,7 @@ def _check_prefix_inputs(q, k_pre, v_pre, kv_heads: int | None = None):
     expect(k_pre.dtype == q.dtype and v_pre.dtype == q.dtype, "k_pre, v_pre", f"q's dtype {q.dtype}",
            (k_pre.dtype, v_pre.dtype))
     _check_last_contig(k_pre=k_pre, v_pre=v_pre)
+    refuse_broken_bf16(q.dtype, "attention")
 
 
 def one_pass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: torch.Tensor,

@@ -1,6 +1,7 @@
 """Triton fold gate: fold flags, origin resolution and compaction, without host synchronisation.
 
-Two launches, grids depend on shapes only:
+Two launches, grids depend on shapes only (an invalid parent, see ``gate_ref``, folds nothing and is
+never read through; the resolve kernel sets the caller's ``invalid_flag`` when there is one):
   1. ``_fold_flag_kernel``: one program per BLOCK_ROWS rows (n, b); fp32 sums of squares of the
      row-minus-parent difference and of the parent row, chunked over C.
   2. ``_resolve_kernel``: a single program; holds the [N, B] fold tile in registers, computes the
@@ -28,8 +29,9 @@ def _fold_flag_kernel(
     valid = flat < NB
     n = flat // B
     b = flat % B
-    p = tl.load(parents_ptr + n, mask=valid & (n >= 1), other=0)
-    p = tl.maximum(p, 0)
+    p = tl.load(parents_ptr + n, mask=valid & (n >= 1), other=-1)
+    parent_ok = (p >= 0) & (p < n)
+    p = tl.where(parent_ok, p, n)  # an invalid parent reads the row itself (in bounds), and never folds
     row_off = n.to(tl.int64) * stride_hn + b.to(tl.int64) * stride_hb
     par_off = p.to(tl.int64) * stride_hn + b.to(tl.int64) * stride_hb
     ss_diff = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
@@ -45,22 +47,30 @@ def _fold_flag_kernel(
     tau = tl.load(tau_ptr).to(tl.float32)
     # sqrt-norm comparison keeps every edge case: NaN compares False, tau = 0 or a zero parent
     # gives "x < 0" which is False for any x >= 0.
-    fold = (tl.sqrt(ss_diff) < tau * tl.sqrt(ss_par)) & (n >= 1)
+    fold = (tl.sqrt(ss_diff) < tau * tl.sqrt(ss_par)) & (n >= 1) & parent_ok
     tl.store(fold_ptr + flat, fold.to(tl.int8), mask=valid)
 
 
 @triton.jit
 def _resolve_kernel(
-    fold_ptr, parents_ptr, origin_ptr, rows_ptr, count_ptr, slot_ptr, fold_out_ptr,
+    fold_ptr, parents_ptr, origin_ptr, rows_ptr, count_ptr, slot_ptr, fold_out_ptr, invalid_ptr,
     N, B,
     BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, JUMPS: tl.constexpr, WRITE_FOLD: tl.constexpr,
+    WRITE_INVALID: tl.constexpr,
 ):
     rn = tl.arange(0, BLOCK_N)
     rb = tl.arange(0, BLOCK_B)
     valid = (rn[:, None] < N) & (rb[None, :] < B)
     flat = rn[:, None] * B + rb[None, :]                       # int32 flat index n*B+b
+    # Row n >= 1 folds only onto a parent in [0, n); row 0 must have parent -1 (it never folds anyway).
+    par = tl.load(parents_ptr + rn, mask=rn < N, other=-1)  # int64: compared before any narrowing
+    parent_ok = (rn >= 1) & (par >= 0) & (par < rn)
+    if WRITE_INVALID:
+        bad = (rn < N) & tl.where(rn >= 1, parent_ok == 0, par != -1)
+        tl.store(invalid_ptr, 1, mask=tl.sum(bad.to(tl.int32), axis=0) > 0)
+    par = tl.where(parent_ok, par, 0).to(tl.int32)
     fold = tl.load(fold_ptr + flat, mask=valid, other=0) != 0
-    fold = fold & (rn[:, None] >= 1)
+    fold = fold & parent_ok[:, None]
     if WRITE_FOLD:  # the gate's own copy of a mask computed elsewhere (row 0 never folds)
         tl.store(fold_out_ptr + flat, fold.to(tl.int8), mask=valid)
     computed = valid & (fold == 0)
@@ -77,7 +87,6 @@ def _resolve_kernel(
     # JUMPS = ceil(log2(N - 1)) rounds reach the computed end of any chain. Registers cannot be
     # gathered, so each round goes through origin_ptr; the barriers make one round's stores visible to
     # every thread of this single program before the next round's loads (and keep loads before stores).
-    par = tl.load(parents_ptr + rn, mask=(rn >= 1) & (rn < N), other=0).to(tl.int32)
     link = tl.where(fold, par[:, None] * B + rb[None, :], flat)
     for _ in tl.static_range(JUMPS):
         tl.store(origin_ptr + flat, link.to(tl.int64), mask=valid)
@@ -116,28 +125,38 @@ def _fold_flags(h: torch.Tensor, parents: torch.Tensor, tau: torch.Tensor) -> to
     return fold.view(torch.bool)
 
 
-def resolve_folds(fold: torch.Tensor, parents: torch.Tensor):
-    """Origin map + compaction of a given fold mask [N, B] (bool); row 0 is never folded.
+def resolve_folds(fold: torch.Tensor, parents: torch.Tensor, invalid_flag: torch.Tensor | None = None):
+    """Origin map + compaction of a given fold mask [N, B] (bool); row 0 and rows with an invalid parent
+    are never folded. ``invalid_flag``: see ``fold_gate``.
 
     Returns (origin [N,B] int64, rows [N*B] int64, count 0-d int64, slot [N,B] int64).
     """
-    return _resolve(fold, parents, write_fold=False)[1:]
+    return _resolve(fold, parents, write_fold=False, invalid_flag=invalid_flag)[1:]
 
 
-def fold_gate_from_flags(fold: torch.Tensor, parents: torch.Tensor):
+def fold_gate_from_flags(fold: torch.Tensor, parents: torch.Tensor, invalid_flag: torch.Tensor | None = None):
     """The gate for fold flags computed elsewhere (e.g. fused by Inductor into the layer's input norm):
-    one launch, which also writes the gate's own fold mask (row 0 cleared). Same 5 outputs as
-    ``fold_gate``."""
-    return _resolve(fold, parents, write_fold=True)
+    one launch, which also writes the gate's own fold mask (row 0 and rows with an invalid parent
+    cleared). Same 5 outputs as ``fold_gate``."""
+    return _resolve(fold, parents, write_fold=True, invalid_flag=invalid_flag)
 
 
-def _resolve(fold: torch.Tensor, parents: torch.Tensor, write_fold: bool):
+def _check_invalid_flag(invalid_flag, device) -> None:
+    _common.expect(invalid_flag is None or (invalid_flag.numel() == 1 and invalid_flag.dtype == torch.int32
+                                            and invalid_flag.device == device),
+                   "invalid_flag", f"None or an int32 tensor of one element on {device}",
+                   None if invalid_flag is None else f"{invalid_flag.dtype} {tuple(invalid_flag.shape)} on "
+                                                     f"{invalid_flag.device}")
+
+
+def _resolve(fold: torch.Tensor, parents: torch.Tensor, write_fold: bool, invalid_flag: torch.Tensor | None):
     _common.expect(fold.dim() == 2, "fold", "[N, B]", tuple(fold.shape))
     N, B = fold.shape
     _common.expect(parents.dim() == 1 and parents.shape[0] == N, "parents", f"[{N}] (one per branch)",
                    tuple(parents.shape))
     parents = parents.to(device=fold.device, dtype=torch.int64)  # as fold_gate takes them
     dev = fold.device
+    _check_invalid_flag(invalid_flag, dev)
     fold_i8 = fold.contiguous().view(torch.int8) if fold.dtype == torch.bool else fold.to(torch.int8).contiguous()
     origin = _common.empty((N, B), torch.int64, dev)
     slot = _common.empty((N, B), torch.int64, dev)
@@ -149,17 +168,20 @@ def _resolve(fold: torch.Tensor, parents: torch.Tensor, write_fold: bool):
     jumps = max(N - 2, 0).bit_length()  # ceil(log2(N - 1)): the longest fold chain has N - 1 links
     fold_out = _common.empty((N, B), torch.int8, dev) if write_fold else fold_i8
     _resolve_kernel[(1,)](
-        fold_i8, parents, origin, rows, count, slot, fold_out, N, B,
-        BLOCK_N=BLOCK_N, BLOCK_B=BLOCK_B, JUMPS=jumps, WRITE_FOLD=write_fold, num_warps=4,
+        fold_i8, parents, origin, rows, count, slot, fold_out, count if invalid_flag is None else invalid_flag,
+        N, B, BLOCK_N=BLOCK_N, BLOCK_B=BLOCK_B, JUMPS=jumps, WRITE_FOLD=write_fold,
+        WRITE_INVALID=invalid_flag is not None, num_warps=4,
     )
     return fold_out.view(torch.bool), origin, rows, count, slot
 
 
-def fold_gate(h: torch.Tensor, parents: torch.Tensor, tau: torch.Tensor):
+def fold_gate(h: torch.Tensor, parents: torch.Tensor, tau: torch.Tensor, invalid_flag: torch.Tensor | None = None):
     """Fold gate for h [N, B, C] (fp32/fp16/bf16), parents int64 [N], tau float32 0-d tensor.
 
     Returns (fold_mask bool [N,B], origin int64 [N,B], rows int64 [N*B], count int64 0-d,
-    slot int64 [N,B]). No host synchronisation.
+    slot int64 [N,B]). No host synchronisation. A row whose parent is invalid (outside [0, n)) folds
+    nothing and no row is read through it; ``invalid_flag`` (int32, one element, on h's device) is then
+    set to 1 (``parents[0] != -1`` too), and never cleared.
     """
     _common.expect(h.dim() == 3, "h", "[N, B, C]", tuple(h.shape))
     _common.expect(parents.dim() == 1 and parents.shape[0] == h.shape[0], "parents", f"[{h.shape[0]}] (one per branch)",
@@ -167,5 +189,5 @@ def fold_gate(h: torch.Tensor, parents: torch.Tensor, tau: torch.Tensor):
     parents = parents.to(device=h.device, dtype=torch.int64).contiguous()
     tau = tau.to(device=h.device, dtype=torch.float32)
     fold = _fold_flags(h, parents, tau)
-    origin, rows, count, slot = resolve_folds(fold, parents)
+    origin, rows, count, slot = resolve_folds(fold, parents, invalid_flag)
     return fold, origin, rows, count, slot

@@ -17,6 +17,7 @@ import triton.language as tl
 from . import _common
 
 from ._common import dot_precision, use_autotune
+from .interpreter_bf16 import refuse_broken_bf16
 
 
 # Row tiles of at least 64 rows. Every row tile of the GEMM reads the whole weight, so the 16-row tiles
@@ -150,6 +151,7 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     _common.expect(weight.dim() == 2 and weight.shape[1] == K, "weight", f"[M, {K}] (x's last dim)",
                    tuple(weight.shape))
     M = weight.shape[0]
+    refuse_broken_bf16(x.dtype, "packed_linear")
     _common.expect(bias is None or tuple(bias.shape) == (M,), "bias", f"None or [{M}]",
                    None if bias is None else tuple(bias.shape))
     x2 = x.reshape(-1, K)

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from . import _common
+from .interpreter_bf16 import refuse_broken_bf16
 
 
 @triton.jit
@@ -67,6 +68,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, count: torch.Tensor | None = 
     Returns silu(gate) * up [..., F] in gate.dtype; rows >= count are unspecified."""
     _common.expect(gate.shape == up.shape and gate.dtype == up.dtype, "gate, up", "one shape and dtype",
                    f"{tuple(gate.shape)} {gate.dtype} and {tuple(up.shape)} {up.dtype}")
+    refuse_broken_bf16(gate.dtype, "silu_mul")
     if config is None:  # the defaults need no check on this per-layer path
         config = _INTERPRETER_CONFIG if _common.interpreting() else SILU_MUL_CONFIG
     else:

@@ -29,7 +29,7 @@ def insert_gates(gm: GraphModule, settings: Any) -> GraphModule:
     device = analysis.marker.meta["example_value"].device
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     with graph.inserting_after(placeholders[-1]):
-        analysis.tau = graph.create_node("call_function", torch.full, ((), float(settings.tau)),
+        analysis.tau = graph.create_node("call_function", torch.full, ((), settings.gate_tau),
                                          {"dtype": torch.float32, "device": device}, name=TAU_NODE)
 
     def add_gate(state, before, gate_index):

@@ -19,6 +19,7 @@ from torch.fx import GraphModule, Node
 
 from .. import fold_ops
 from .analyze import Analysis, _shape
+from .op_args import bound_arguments
 
 
 def resolve_impl(kernels: str, device_type: str) -> str:
@@ -42,10 +43,11 @@ def _split_half(node: Node) -> tuple[Node, int] | None:
     if not isinstance(split, Node) or not ((split.op == "call_method" and split.target == "split")
                                            or split.target is torch.split):
         return None
-    sizes = split.args[1] if len(split.args) > 1 else split.kwargs.get("split_size_or_sections",
-                                                                         split.kwargs.get("split_size"))
-    dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
-    if not (isinstance(sizes, (list, tuple)) and len(sizes) == 2 and sizes[0] == sizes[1] and dim == -1):
+    bound = bound_arguments(split)
+    if bound is None:
+        return None
+    sizes = bound.get("split_size_or_sections", bound.get("split_size"))
+    if not (isinstance(sizes, (list, tuple)) and len(sizes) == 2 and sizes[0] == sizes[1] and bound.get("dim") == -1):
         return None
     return split.args[0], node.args[1]
 
@@ -82,7 +84,12 @@ def lower_kernels(gm: GraphModule, settings: Any) -> GraphModule:
     if not analysis.foldable:
         return gm
     graph = gm.graph
-    impl = resolve_impl(settings.kernels, analysis.marker.meta["example_value"].device.type)
+    marker_value = analysis.marker.meta["example_value"]
+    impl = resolve_impl(settings.kernels, marker_value.device.type)
+    if impl == "triton":  # refused here, at compile time, rather than at the first call
+        from ..kernels import refuse_broken_bf16
+
+        refuse_broken_bf16(marker_value.dtype, "options['kernels']='triton'")
     regions = list(analysis.layers) + ([analysis.head] if analysis.head is not None else [])
     for layer in regions:
         for gate in layer.gates:

@@ -32,9 +32,20 @@ ELEMENTWISE_METHODS = {
 # Casts whose tensor argument only supplies a dtype/device: never packed.
 CAST_METHODS = {"to", "type_as", "type"}
 
-REDUCTION_FUNCTIONS = {torch.mean, torch.sum, torch.amax, torch.amin, torch.var, torch.linalg.vector_norm,
-                       torch.norm}
-REDUCTION_METHODS = {"mean", "sum", "amax", "amin", "var", "norm"}
+# Every op below that takes dims is classified by the dims bound to its signature (``op_args``), wherever
+# the caller put them: ``x.norm(2, 1)`` reduces over dim 1.
+REDUCTION_FUNCTIONS = {torch.mean, torch.sum, torch.amax, torch.amin, torch.var, torch.std, torch.logsumexp,
+                       torch.linalg.vector_norm, torch.norm}
+REDUCTION_METHODS = {"mean", "sum", "amax", "amin", "var", "std", "logsumexp", "norm"}
+
+# Ops along one dim ``dim`` (softmax, scans): position-wise when that dim is trailing.
+ALONG_DIM_FUNCTIONS = {torch.softmax, torch.log_softmax, F.softmax, F.log_softmax, torch.cumsum, torch.cumprod}
+ALONG_DIM_METHODS = {"softmax", "log_softmax", "cumsum", "cumprod"}
+
+# Ops permuting elements within dims ``dims``: flip (any dims, none = no-op) and roll (no dims = over the
+# flattened tensor, which mixes rows).
+FLIP_FUNCTIONS, FLIP_METHODS = {torch.flip}, {"flip"}
+ROLL_FUNCTIONS, ROLL_METHODS = {torch.roll}, {"roll"}
 
 LINEAR_FUNCTIONS = {F.linear, torch._C._nn.linear}
 
@@ -54,7 +65,6 @@ CAT_FUNCTIONS = {torch.cat, torch.concat}
 # trailing dims; their pieces are taken with getitem.
 SPLIT_METHODS = {"unbind", "chunk", "split"}
 SPLIT_FUNCTIONS = {torch.unbind, torch.chunk, torch.split}
-SPLIT_DEFAULT_DIM = {"unbind": 0, "chunk": 0, "split": 0}
 
 SIZE_METHODS = {"size", "dim"}
 SIZE_FUNCTIONS = {torch.ops.aten.sym_size.int} if hasattr(torch.ops.aten, "sym_size") else set()
@@ -64,7 +74,7 @@ BRANCH_ATTENTION = torch.ops.specfold.branch_attention.default
 RESIDUAL_ADDS = {operator.add, operator.iadd, torch.add}
 
 # Ops that mix positions and that we know are attention-like: named in blockers.
-KNOWN_MIXING = {F.scaled_dot_product_attention, torch.matmul, torch.bmm, torch.softmax, F.softmax}
+KNOWN_MIXING = {F.scaled_dot_product_attention, torch.matmul, torch.bmm}
 
 
 def target_name(node: torch.fx.Node) -> str:

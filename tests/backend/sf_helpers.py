@@ -135,6 +135,18 @@ def make_tree(model, n_rows: int, kind: str, seed: int):
 
 # --- compile and run -----------------------------------------------------------------------------
 
+def root_cause(exc: BaseException) -> BaseException:
+    """Dynamo wraps every backend exception in BackendCompilerFailed (``inner_exception``)."""
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "inner_exception", None) or exc.__cause__
+        if inner is None:
+            break
+        exc = inner
+    return exc
+
+
 def gates_per_call(model, options: dict) -> int:
     if not options.get("fold", True):
         return 0

@@ -12,7 +12,7 @@ import torch._dynamo
 import torch.nn.functional as F
 from torch import nn
 
-from sf_helpers import ModelSpec, assert_close, capture_graph, compile_run, make_cache, make_tree
+from sf_helpers import ModelSpec, assert_close, capture_graph, compile_run, make_cache, make_tree, root_cause
 from specfold_compile import ops
 from specfold_compile.backend import SpecFoldError, SpecFoldSettings, collect_stats, compile_graph
 from specfold_compile.passes import PIPELINE, find_regions
@@ -20,23 +20,11 @@ from specfold_compile.passes import PIPELINE, find_regions
 PASS_NAMES = [name for name, _ in PIPELINE]
 
 
-def _root_cause(exc: BaseException) -> BaseException:
-    """Dynamo wraps every backend exception in BackendCompilerFailed (``inner_exception``)."""
-    seen = set()
-    while id(exc) not in seen:
-        seen.add(id(exc))
-        inner = getattr(exc, "inner_exception", None) or exc.__cause__
-        if inner is None:
-            break
-        exc = inner
-    return exc
-
-
 def _compile_error(model, args, options) -> BaseException:
     torch._dynamo.reset()
     with pytest.raises(Exception) as info:
         torch.compile(model, backend="specfold", options=options)(*args)
-    return _root_cause(info.value)
+    return root_cause(info.value)
 
 
 @pytest.fixture(scope="module")

@@ -201,3 +201,63 @@ def test_fold_flags_graph_matches_ref(N, B, C, fold_prob, chain, tau, seed):
     got = fold_flags_graph(h, parents, tau_t)
     assert got.dtype == torch.bool and not got[0].any()
     assert torch.equal(got.cpu(), fold_flags_ref(h, parents, tau_t).cpu())
+
+
+# --- invalid parents: such a row folds nothing, nothing is read through it, and a flag says so ---------
+
+def corrupt_parents(parents, gen, bad_rows):
+    """parents with ``bad_rows`` (row indices) set to invalid values: negative, >= own row, past N, huge."""
+    out = parents.clone().cpu()
+    n = out.shape[0]
+    choices = [-1, -2, -(n + 3), n, n + 5, 2 ** 40]
+    for r in bad_rows:
+        pick = [c for c in choices + [r] if not (r >= 1 and 0 <= c < r) and not (r == 0 and c == -1)]
+        out[r] = pick[int(torch.randint(0, len(pick), (1,), generator=gen))]
+    return out.to(DEVICE)
+
+
+def expected_invalid(parents) -> bool:
+    values = parents.cpu().tolist()
+    return values[0] != -1 or any(not 0 <= p < n for n, p in enumerate(values) if n >= 1)
+
+
+@settings(**SETTINGS)
+@given(N=st.integers(1, 9), B=st.integers(1, 9), C=st.integers(1, 24), dtype=st.sampled_from(DTYPES),
+       n_bad=st.integers(0, 3), flags=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_fold_gate_with_invalid_parents_matches_ref(N, B, C, dtype, n_bad, flags, seed):
+    gen = torch.Generator().manual_seed(seed)
+    valid = random_parents(N, gen)
+    h = gated_h(N, B, C, valid, 0.3, 0.7, dtype, gen)  # most rows would fold onto their valid parent
+    bad_rows = torch.randperm(N, generator=gen)[:n_bad].tolist()
+    parents = corrupt_parents(valid, gen, bad_rows)
+    tau = torch.tensor(0.3, device=DEVICE)
+    flag, flag_ref = (torch.zeros(1, dtype=torch.int32, device=DEVICE) for _ in range(2))
+    if flags:  # the gate on flags computed elsewhere: every row asks to fold
+        ask = torch.ones(N, B, dtype=torch.bool, device=DEVICE)
+        out = fold_gate_from_flags(ask, parents, flag)
+        ref = (ask & torch.tensor([n >= 1 and 0 <= p < n for n, p in enumerate(parents.tolist())],
+                                  device=DEVICE)[:, None],) + resolve_folds_ref(ask, parents, flag_ref)
+    else:
+        out = fold_gate(h, parents, tau, flag)
+        ref = fold_gate_ref(h, parents, tau, flag_ref)
+    for name, a, b in zip(["fold", "origin", "rows", "count", "slot"], out, ref):
+        assert torch.equal(a.cpu(), b.cpu()), f"{name}: {a} vs {b}"
+    assert int(flag) == int(flag_ref) == int(expected_invalid(parents))
+    fold, origin = out[0].cpu(), out[1].cpu()
+    for r in bad_rows:
+        if r >= 1:
+            assert not fold[r].any(), "a row with an invalid parent folded"
+            assert torch.equal(origin[r], torch.arange(r * B, (r + 1) * B)), "an invalid row reads another"
+    assert int(origin.min()) >= 0 and int(origin.max()) < N * B
+
+
+def test_invalid_flag_is_sticky_and_checked():
+    parents = torch.tensor([-1, 0, 1], device=DEVICE)
+    fold = torch.ones(3, 4, dtype=torch.bool, device=DEVICE)
+    flag = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    resolve_folds(fold, torch.tensor([-1, 2, 1], device=DEVICE), flag)
+    assert int(flag) == 1
+    resolve_folds(fold, parents, flag)  # valid parents never clear it
+    assert int(flag) == 1
+    with pytest.raises(ValueError, match="^invalid_flag: expected"):
+        resolve_folds(fold, parents, torch.zeros(1, dtype=torch.int64, device=DEVICE))
