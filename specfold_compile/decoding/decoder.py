@@ -150,13 +150,19 @@ class _Scoring:
         return commit(state, conf, tok, self.mask_id, self.sub_block_size, self.threshold, self.inclusive)
 
 
-def _verify(model, rows: torch.Tensor, parents: list[int], cache, scoring: _Scoring, all_logits: bool,
-            device: torch.device, graphs: VerifyGraphs | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _verify(model, rows: torch.Tensor, parents: list[int], cache, mask_id: int, all_logits: bool,
+            graphs: VerifyGraphs | None = None, scoring: _Scoring | None = None,
+            device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One verification call -> per-position ``(conf, tok)`` [N, B] on the CPU. Unless ``all_logits``, the
     model computes the logits of the masked positions only; the other positions get conf 0 and the mask
     token, which nothing reads (commits and drafts only look at masked positions). ``graphs``: the call
-    is a CUDA graph replay (``VerifyGraphs``)."""
-    mask_id = scoring.mask_id
+    is a CUDA graph replay (``VerifyGraphs``). ``scoring``: the decode's (None: ``generate``'s default
+    confidences for this model); ``device``: the model's (None: the cache keys')."""
+    if scoring is None:
+        rules = model.config.decoding_rules
+        scoring = _Scoring(mask_id, None, DEFAULTS.threshold, DEFAULTS.confidence_dtype, rules.argmax_of_probs,
+                           rules.threshold_inclusive)
+    device = cache.keys[0].device if device is None else device
     tokens, parent_ids = rows.to(device), torch.tensor(parents, dtype=torch.long, device=device)
     if all_logits:
         if graphs is not None:
@@ -240,7 +246,8 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
                 rows = X.unsqueeze(0)
                 parents = [-1]
             # traces record every position's confidence: all logits there
-            conf, tok = _verify(model, rows, parents, cache, scoring, all_logits or tb is not None, device, graphs)
+            conf, tok = _verify(model, rows, parents, cache, mask_id, all_logits or tb is not None, graphs, scoring,
+                                device)
             nfe += 1
             if tb is not None:
                 tb["states"].append(X.tolist())
