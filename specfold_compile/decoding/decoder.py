@@ -313,7 +313,8 @@ def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla",
 
     ``tokens`` holds generated tokens only: at most ``max_new_tokens`` or (``stop_at_eos``) up to the
     first eos, which is included (the references count ``max_new_tokens`` in whole blocks; the tokens
-    here are theirs cut there). Positions past those are never decoded, so the last block may end early. The prompt and every block the generation may need must fit within the model's
+    here are theirs cut there). Positions past those are never decoded, so the last block may end early.
+    The prompt and every block the generation may need must fit within the model's
     ``max_position_embeddings`` (checked before any forward; a one-line ``ValueError`` otherwise).
 
     ``confidence_dtype``: ``"model"`` (default) computes the softmax in the logits' dtype and compares it
