@@ -2,13 +2,14 @@
 
 Public API::
 
-    generate(model, prompt_ids, mode="vanilla"|"spiffy", max_new_tokens=128, threshold=0.9,
-             draft_budget=8, draft_graph=None, stop_at_eos=True, cuda_graphs=False) -> GenerateResult
+    DEFAULTS  # max_new_tokens, draft_budget, threshold, confidence_dtype: what generate uses
+    generate(model, prompt_ids, mode="vanilla"|"spiffy", max_new_tokens=, threshold=, draft_budget=,
+             draft_graph=None, stop_at_eos=True, cuda_graphs=False, confidence_dtype=) -> GenerateResult
     VerifyGraphs(model, replay="cuda"|"eager")  # CUDA-graph verification calls, kept across prompts
     load_draft_graph(path_or_dict, block_size) -> DraftGraph
     save_draft_graph(graph, path)
     default_draft_graph(block_size) -> dict
-    record_traces(model, prompts, max_new_tokens=128, threshold=0.9) -> dict
+    record_traces(model, prompts, max_new_tokens=, threshold=, confidence_dtype=) -> dict
     calibrate(traces, size=12, max_level=4, max_rank=None) -> dict
     calibrate_cli(argv) -> int
 """
@@ -16,10 +17,13 @@ Public API::
 from .calibration import calibrate, calibrate_cli, count_rank_sets
 from .commit import block_finished, commit, confidence, rank_masked_positions, window_positions
 from .cuda_graphs import VerifyGraphs, logit_rows_bucket
+from .defaults import CONFIDENCE_DTYPES, DEFAULTS, DecodingDefaults
 from .decoder import MODES, GenerateResult, StepStats, generate, mark_dynamic_shapes, record_traces
 from .graph import DraftGraph, build_drafts, default_draft_graph, load_draft_graph, prune_nodes, save_draft_graph
+from .prompt_layout import PromptLayout, layout_prompt
 
 __all__ = [
+    "DEFAULTS", "DecodingDefaults", "CONFIDENCE_DTYPES", "PromptLayout", "layout_prompt",
     "generate", "GenerateResult", "VerifyGraphs", "logit_rows_bucket", "StepStats", "MODES", "record_traces",
     "mark_dynamic_shapes",
     "calibrate", "calibrate_cli", "count_rank_sets",

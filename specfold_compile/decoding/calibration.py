@@ -22,6 +22,7 @@ import torch
 from .commit import rank_masked_positions
 from .graph import GRAPH_VERSION, load_draft_graph, save_draft_graph
 from .decoder import record_traces
+from .defaults import CONFIDENCE_DTYPES, DEFAULTS
 
 __all__ = ["calibrate", "count_rank_sets", "calibrate_cli", "BUILTIN_PROMPTS"]
 
@@ -201,8 +202,10 @@ def calibrate_cli(argv=None) -> int:
     ap.add_argument("--size", type=int, default=12, help="number of graph nodes D")
     ap.add_argument("--max-level", type=int, default=4)
     ap.add_argument("--max-rank", type=int, default=None)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--threshold", type=float, default=0.9)
+    ap.add_argument("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens)
+    ap.add_argument("--threshold", type=float, default=DEFAULTS.threshold)
+    ap.add_argument("--confidence-dtype", choices=CONFIDENCE_DTYPES, default=DEFAULTS.confidence_dtype,
+                    help="the dtype of the softmax and the threshold comparison (generate's confidence_dtype)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--traces-out", default=None, help="also write the recorded traces (JSON)")
@@ -228,7 +231,7 @@ def calibrate_cli(argv=None) -> int:
     prompts = _prompt_ids(model, items[: a.num_prompts], a.num_prompts, a.seed)
     dev = torch.device(a.device)
     traces = record_traces(model, [p.to(dev) for p in prompts], max_new_tokens=a.max_new_tokens,
-                           threshold=a.threshold)
+                           threshold=a.threshold, confidence_dtype=a.confidence_dtype)
     if a.traces_out:
         with open(a.traces_out, "w", encoding="utf-8") as f:
             json.dump(traces, f)

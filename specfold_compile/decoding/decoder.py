@@ -1,14 +1,17 @@
 """Vanilla and Spiffy block-diffusion decoding (SPEC.md sections 1 and 3, property P5).
 
 Model interface (see ``specfold_compile.models``): ``model.config`` (``block_size``, ``sub_block_size``,
-``mask_token_id``, ``eos_token_id``, ``vocab_size``), ``model.prefill(prompt_ids) -> cache`` with
-``cache.next_logits`` ([V], predicts the next block's seed), ``model(tokens[N, B], parents[N], cache,
+``mask_token_id``, ``eos_token_id``, ``vocab_size``, ``max_position_embeddings``, ``decoding_rules``: the
+family's ``models.config.DecodingRules``), ``model.prefill(prompt_ids) -> cache`` with
+``cache.next_logits`` ([V], predicts the next block's seed; ``block_causal=True`` is passed for a family
+whose blocks sit on the absolute grid, and its prompt may be empty: the empty cache, no forward),
+``model(tokens[N, B], parents[N], cache,
 logit_positions=P) -> logits[M, V]`` (rows independent, row 0 = main; ``P`` int64 [M] flat positions
 ``n * B + p``, the masked ones: the only logits the commit rule and the drafts read; ``all_logits=True``
 calls ``model(tokens, parents, cache) -> logits[N, B, V]`` instead) and ``model.write_block(cache,
 block) -> cache``.
-Each of the three counts one NFE. With ``compile_writes=True`` the decoder passes ``compiled=True`` to
-``prefill`` and ``write_block``.
+Each of the three counts one NFE (an empty prefill none). With ``compile_writes=True`` the decoder passes
+``compiled=True`` to ``prefill`` and ``write_block``. Where the prompt goes: ``prompt_layout``.
 
 Spiffy bookkeeping. Let ``L`` be the logits of the state whose commit produced the current main state
 ``X`` (``X = commit(X_prev, L)`` is exact, vanilla would verify it next). One call verifies ``[X] +
@@ -31,8 +34,10 @@ import torch
 
 from .commit import block_finished, commit, confidence
 from .cuda_graphs import VerifyGraphs
+from .defaults import CONFIDENCE_DTYPES, DEFAULTS
 from .dynamic import mark_dynamic_shapes
 from .graph import DraftGraph, build_drafts, default_draft_graph, load_draft_graph
+from .prompt_layout import layout_prompt
 
 __all__ = ["generate", "GenerateResult", "StepStats", "record_traces", "mark_dynamic_shapes", "MODES"]
 
@@ -90,7 +95,7 @@ def _check_int(name, v, lo):
 
 
 def _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes=False,
-              all_logits=False):
+              all_logits=False, confidence_dtype=DEFAULTS.confidence_dtype):
     if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     _check_int("max_new_tokens", max_new_tokens, 1)
@@ -111,6 +116,8 @@ def _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at
         raise TypeError(f"compile_writes must be a bool, got {type(compile_writes).__name__}")
     if not isinstance(all_logits, bool):
         raise TypeError(f"all_logits must be a bool, got {type(all_logits).__name__}")
+    if not isinstance(confidence_dtype, str) or confidence_dtype not in CONFIDENCE_DTYPES:
+        raise ValueError(f"confidence_dtype must be one of {CONFIDENCE_DTYPES}, got {confidence_dtype!r}")
 
 
 def _model_consts(model):
@@ -125,24 +132,48 @@ def _model_consts(model):
     return B, sb, int(cfg.mask_token_id), int(cfg.eos_token_id)
 
 
+@dataclass(frozen=True)
+class _Scoring:
+    """How one decode turns logits into commits: ``confidence``'s dtype and argmax, ``commit``'s rule."""
+
+    mask_id: int
+    sub_block_size: int | None
+    threshold: float
+    dtype: str              # generate's confidence_dtype
+    argmax_of_probs: bool   # DecodingRules
+    inclusive: bool         # DecodingRules.threshold_inclusive
+
+    def confidence(self, logits):
+        return confidence(logits, self.mask_id, self.dtype, self.argmax_of_probs)
+
+    def commit(self, state, conf, tok):
+        return commit(state, conf, tok, self.mask_id, self.sub_block_size, self.threshold, self.inclusive)
+
+
 def _verify(model, rows: torch.Tensor, parents: list[int], cache, mask_id: int, all_logits: bool,
-            graphs: VerifyGraphs | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            graphs: VerifyGraphs | None = None, scoring: _Scoring | None = None,
+            device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One verification call -> per-position ``(conf, tok)`` [N, B] on the CPU. Unless ``all_logits``, the
     model computes the logits of the masked positions only; the other positions get conf 0 and the mask
     token, which nothing reads (commits and drafts only look at masked positions). ``graphs``: the call
-    is a CUDA graph replay (``VerifyGraphs``)."""
-    dev = cache.next_logits.device
-    tokens, parent_ids = rows.to(dev), torch.tensor(parents, dtype=torch.long, device=dev)
+    is a CUDA graph replay (``VerifyGraphs``). ``scoring``: the decode's (None: ``generate``'s default
+    confidences for this model); ``device``: the model's (None: the cache keys')."""
+    if scoring is None:
+        rules = model.config.decoding_rules
+        scoring = _Scoring(mask_id, None, DEFAULTS.threshold, DEFAULTS.confidence_dtype, rules.argmax_of_probs,
+                           rules.threshold_inclusive)
+    device = cache.keys[0].device if device is None else device
+    tokens, parent_ids = rows.to(device), torch.tensor(parents, dtype=torch.long, device=device)
     if all_logits:
         if graphs is not None:
             logits = graphs(tokens, parent_ids, cache, None)
         else:
             mark_dynamic_shapes(tokens, parent_ids, cache)
             logits = model(tokens, parent_ids, cache)
-        conf, tok = confidence(logits, mask_id)
+        conf, tok = scoring.confidence(logits)
         return conf.cpu(), tok.cpu()
     masked = (rows == mask_id).flatten().nonzero().flatten()
-    positions = masked.to(dev)
+    positions = masked.to(device)
     try:
         if graphs is not None:
             logits = graphs(tokens, parent_ids, cache, positions)
@@ -158,37 +189,48 @@ def _verify(model, rows: torch.Tensor, parents: list[int], cache, mask_id: int, 
         raise ValueError(f"model: expected logits [M={masked.numel()}, V] for logit_positions, got "
                          f"{tuple(logits.shape)}; a model that ignores logit_positions needs generate(..., "
                          "all_logits=True)")
-    conf_m, tok_m = confidence(logits, mask_id)
-    conf = torch.zeros(rows.numel(), dtype=torch.float32)
+    conf_m, tok_m = scoring.confidence(logits)
+    conf = torch.zeros(rows.numel(), dtype=conf_m.dtype)
     tok = torch.full((rows.numel(),), mask_id, dtype=torch.long)
     conf[masked], tok[masked] = conf_m.cpu(), tok_m.cpu()
     return conf.view(rows.shape), tok.view(rows.shape)
 
 
 def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, graph, stop_at_eos,
-            trace=None, compile_writes=False, all_logits=False, graphs: VerifyGraphs | None = None
-            ) -> GenerateResult:
+            trace=None, compile_writes=False, all_logits=False, graphs: VerifyGraphs | None = None,
+            confidence_dtype: str = DEFAULTS.confidence_dtype) -> GenerateResult:
     B, sb, mask_id, eos_id = _model_consts(model)
+    rules = model.config.decoding_rules
+    layout = layout_prompt(prompt_ids, B, rules.prompt_on_block_grid)
+    layout.check_positions(max_new_tokens, int(model.config.max_position_embeddings))  # before any forward
+    scoring = _Scoring(mask_id, sb, threshold, confidence_dtype, rules.argmax_of_probs, rules.threshold_inclusive)
     eos = eos_id if stop_at_eos else None
     spiffy = mode == "spiffy" and draft_budget > 0 and graph is not None and len(graph) > 0
     writes = {"compiled": True} if compile_writes else {}  # other models' prefill need not take it
+    device = prompt_ids.device
     t0 = time.perf_counter()
-    cache = model.prefill(prompt_ids, **writes)
+    prefill = dict(writes, block_causal=True) if layout.block_causal else writes
+    cache = model.prefill(layout.prefill_ids, **prefill)
     if graphs is not None:  # a static cache with room for every block this call may write
-        cache = graphs.attach(cache, prompt_ids.numel() + max_new_tokens)
+        cache = graphs.attach(cache, layout.last_block_start(max_new_tokens))
         captures0, replays0 = graphs.captures, graphs.replays
-    nfe = 1
+    nfe = 1 if layout.prefill_ids.numel() else 0
     out: list[int] = []
     steps: list[StepStats] = []
     nblocks = 0
+    head = layout.head  # the first block's fixed prompt tokens (Fast-dLLM v2's absolute grid)
     while True:
         nblocks += 1
-        need = min(B, max_new_tokens - len(out))
+        start = len(head)  # the block's generated positions: [start, start + need)
+        need = min(B - start, max_new_tokens - len(out))
         X = torch.full((B,), mask_id, dtype=torch.long)
-        X[0] = int(confidence(cache.next_logits, mask_id)[1])
+        X[:start] = torch.tensor(head, dtype=torch.long)
+        if not head:  # the seed: the prefill's or the last block write's next-token logits
+            X[0] = int(confidence(cache.next_logits, mask_id)[1])
+        head = []
 
-        def fin(st, need=need):
-            return block_finished(st, mask_id, need, eos)
+        def fin(st, need=need, start=start):
+            return block_finished(st, mask_id, need, eos, start)
 
         prev = None  # (conf, tok) of the logits that produced X
         tb = None
@@ -204,14 +246,15 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
                 rows = X.unsqueeze(0)
                 parents = [-1]
             # traces record every position's confidence: all logits there
-            conf, tok = _verify(model, rows, parents, cache, mask_id, all_logits or tb is not None, graphs)
+            conf, tok = _verify(model, rows, parents, cache, mask_id, all_logits or tb is not None, graphs, scoring,
+                                device)
             nfe += 1
             if tb is not None:
                 tb["states"].append(X.tolist())
                 tb["conf"].append(conf[0].tolist())
                 tb["argmax"].append(tok[0].tolist())
             cur = 0
-            Y = commit(X, conf[0], tok[0], mask_id, sb, threshold)
+            Y = scoring.commit(X, conf[0], tok[0])
             accepted = 0
             if rows.shape[0] > 1:
                 row_of = {tuple(r): i for i, r in enumerate(rows.tolist()) if i > 0}
@@ -221,7 +264,7 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
                         break
                     accepted += 1
                     cur = r
-                    Y = commit(Y, conf[r], tok[r], mask_id, sb, threshold)
+                    Y = scoring.commit(Y, conf[r], tok[r])
             steps.append(StepStats(branches=rows.shape[0], accepted=accepted, parents=parents, rows=rows))
             if torch.equal(X, Y):  # cannot happen: every step commits >= 1 non-mask token
                 raise RuntimeError("decoding made no progress (non-finite logits?)")
@@ -229,7 +272,7 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
             prev = (conf[cur], tok[cur])
         if tb is not None:
             tb["states"].append(X.tolist())
-        blk = X[:need].tolist()
+        blk = X[start:start + need].tolist()
         stop = False
         if eos is not None and eos in blk:
             blk = blk[: blk.index(eos) + 1]
@@ -238,9 +281,9 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
         if stop or len(out) >= max_new_tokens:
             break
         if graphs is not None:  # replayed, or launched in place (capture_writes=False)
-            cache = graphs.write_block(cache, X.to(cache.next_logits.device), compile_writes)
+            cache = graphs.write_block(cache, X.to(device), compile_writes)
         else:
-            cache = model.write_block(cache, X.to(cache.next_logits.device), **writes)
+            cache = model.write_block(cache, X.to(device), **writes)
         nfe += 1
     wall = time.perf_counter() - t0
     result = GenerateResult(tokens=out, nfe=nfe, wall_time_s=wall, steps=steps, mode=mode, blocks=nblocks)
@@ -249,18 +292,42 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
     return result
 
 
-def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla", max_new_tokens: int = 128,
-             threshold: float = 0.9, draft_budget: int = 8, draft_graph=None,
+def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla",
+             max_new_tokens: int = DEFAULTS.max_new_tokens, threshold: float = DEFAULTS.threshold,
+             draft_budget: int = DEFAULTS.draft_budget, draft_graph=None,
              stop_at_eos: bool = True, compile_writes: bool = False, all_logits: bool = False,
-             cuda_graphs: bool | VerifyGraphs = False) -> GenerateResult:
-    """Greedy block-diffusion decoding of ``prompt_ids`` (1-D int64).
+             cuda_graphs: bool | VerifyGraphs = False,
+             confidence_dtype: str = DEFAULTS.confidence_dtype) -> GenerateResult:
+    """Greedy block-diffusion decoding of ``prompt_ids`` (1-D int64). Defaults: ``decoding.DEFAULTS``.
 
     ``mode="vanilla"``: one forward per denoising step. ``mode="spiffy"``: each forward also verifies up
     to ``draft_budget`` draft states from ``draft_graph`` (a path, dict or ``DraftGraph``; ``None`` ->
     ``default_draft_graph(block_size)``); the output tokens equal vanilla's (P5).
 
-    Stops after ``max_new_tokens`` tokens or (``stop_at_eos``) after the first eos, which is included in
-    ``tokens``. Positions past those are never decoded, so the last block may end early.
+    The prompt is laid out as the family's reference ``generate`` lays it out
+    (``model.config.decoding_rules``, ``prompt_layout``): Fast-dLLM v2 on the absolute block grid, its
+    prompt's whole blocks prefilled block-causally and its last ``L mod B`` tokens opening the first
+    block (which then generates ``B - L mod B`` tokens; unlike the reference, a prompt of exactly one
+    block is not dropped, see ``prompt_layout``); NLD with a causal prefill and the first block right
+    after the prompt.
+
+    ``tokens`` holds generated tokens only: at most ``max_new_tokens`` or (``stop_at_eos``) up to the
+    first eos, which is included (the references count ``max_new_tokens`` in whole blocks; the tokens
+    here are theirs cut there). Positions past those are never decoded, so the last block may end early.
+    The prompt and every block the generation may need must fit within the model's
+    ``max_position_embeddings`` (checked before any forward; a one-line ``ValueError`` otherwise).
+
+    ``confidence_dtype``: ``"model"`` (default) computes the softmax in the logits' dtype and compares it
+    with the threshold cast to that dtype, as both references do: a bf16 Fast-dLLM v2 commits where the
+    bf16 probability exceeds bf16(0.9) = 0.8984375 (an fp32 probability above about 0.90039), a bf16 NLD
+    where it is at least 0.8984375 (an fp32 probability of at least about 0.89648): the same commits as
+    the reference ``generate`` (NLD's one exception: when no probability passes, its reference takes a
+    ``torch.topk`` maximum, whose order among tied bf16 maxima is unspecified; here the lowest position;
+    and neither reference excludes the mask token from the argmax, which can stall it). ``"float32"``: the
+    softmax of the logits cast to float32 against the threshold in float32. In float32 models the two
+    agree (up to the last bit of the softmax). The comparison is the family's either way (``p > t``
+    Fast-dLLM v2, ``p >= t`` NLD); Spiffy's acceptance walk and drafts read the same confidences, so P5
+    holds under both.
 
     ``compile_writes``: run the prompt prefill and the block writes through ``torch.compile`` (default
     backend) too. ``torch.compile(model, ...)`` compiles the verification forward only; a decode loop
@@ -280,7 +347,8 @@ def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla", max_new_tok
     the prompt's prefill stays launched. A launched call is host-bound on the H200 (docs/results.md
     "Launched calls"), so this is where the forward's GPU speed, and SpecFold's folding, reach the loop.
     """
-    _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes, all_logits)
+    _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes, all_logits,
+              confidence_dtype)
     if isinstance(cuda_graphs, VerifyGraphs):
         if cuda_graphs.model is not model:  # the same module compiled otherwise (or eager) is another target
             raise ValueError("cuda_graphs: this VerifyGraphs was made for another model (make one per model "
@@ -301,15 +369,17 @@ def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla", max_new_tok
         load_draft_graph(draft_graph, B)  # still reject a malformed graph
     with torch.inference_mode():
         return _decode(model, prompt_ids, mode, max_new_tokens, float(threshold), draft_budget, graph,
-                       stop_at_eos, compile_writes=compile_writes, all_logits=all_logits, graphs=graphs)
+                       stop_at_eos, compile_writes=compile_writes, all_logits=all_logits, graphs=graphs,
+                       confidence_dtype=confidence_dtype)
 
 
-def record_traces(model, prompts, max_new_tokens: int = 128, threshold: float = 0.9,
-                  stop_at_eos: bool = True) -> dict:
+def record_traces(model, prompts, max_new_tokens: int = DEFAULTS.max_new_tokens,
+                  threshold: float = DEFAULTS.threshold, stop_at_eos: bool = True,
+                  confidence_dtype: str = DEFAULTS.confidence_dtype) -> dict:
     """Run vanilla decoding on every prompt and record, per block, the state before each step and that
     step's per-position confidence / argmax (plus the final state). JSON-serialisable::
 
-        {"block_size", "sub_block_size", "mask_token_id", "threshold",
+        {"block_size", "sub_block_size", "mask_token_id", "threshold", "confidence_dtype",
          "blocks": [{"states": [[B ints] * (n+1)], "conf": [[B floats] * n], "argmax": [[B ints] * n]}]}
     """
     B, sb, mask_id, _ = _model_consts(model)
@@ -317,9 +387,9 @@ def record_traces(model, prompts, max_new_tokens: int = 128, threshold: float = 
     for i, p in enumerate(prompts):
         if not isinstance(p, torch.Tensor):
             p = torch.tensor(list(p), dtype=torch.long)
-        _validate(p, "vanilla", max_new_tokens, threshold, 0, stop_at_eos)
+        _validate(p, "vanilla", max_new_tokens, threshold, 0, stop_at_eos, confidence_dtype=confidence_dtype)
         with torch.inference_mode():
             _decode(model, p, "vanilla", max_new_tokens, float(threshold), 0, None, stop_at_eos,
-                    trace=blocks)
+                    trace=blocks, confidence_dtype=confidence_dtype)
     return {"block_size": B, "sub_block_size": sb, "mask_token_id": mask_id, "threshold": float(threshold),
-            "blocks": [b for b in blocks if b["conf"]]}
+            "confidence_dtype": confidence_dtype, "blocks": [b for b in blocks if b["conf"]]}

@@ -20,6 +20,31 @@ FAST_DLLM_ARCHITECTURE = "Fast_dLLM_QwenForCausalLM"
 NLD_ARCHITECTURE = "NemotronLabsDiffusionForCausalLM"
 
 
+@dataclass(frozen=True)
+class DecodingRules:
+    """What a family's reference ``generate`` does that ``decoding.generate`` reproduces (REFERENCES.md).
+
+    ``prompt_on_block_grid``: blocks sit on the absolute grid ``[kB, kB + B)`` from the first prompt token;
+    the prompt's whole blocks are prefilled in one block-causal pass and its last ``L mod B`` tokens open
+    the first decoded block, fixed (Fast-dLLM v2). Otherwise the whole prompt is prefilled causally and
+    the first block starts right after it with the prefill's seed (NLD).
+    ``threshold_inclusive``: commit where ``p >= threshold`` (NLD) rather than ``p > threshold``.
+    ``argmax_of_probs``: the committed token is the argmax of the softmax in the model's dtype, where
+    rounding can tie (Fast-dLLM v2), rather than of the logits (NLD); read under
+    ``confidence_dtype="model"`` only.
+    """
+
+    prompt_on_block_grid: bool
+    threshold_inclusive: bool
+    argmax_of_probs: bool
+
+
+FAMILY_DECODING_RULES = {
+    FAST_DLLM_V2: DecodingRules(prompt_on_block_grid=True, threshold_inclusive=False, argmax_of_probs=True),
+    NLD: DecodingRules(prompt_on_block_grid=False, threshold_inclusive=True, argmax_of_probs=False),
+}
+
+
 @dataclass
 class ModelConfig:
     family: str
@@ -74,6 +99,11 @@ class ModelConfig:
     @property
     def group_size(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def decoding_rules(self) -> DecodingRules:
+        """The family's reference decoding conventions (``DecodingRules``)."""
+        return FAMILY_DECODING_RULES[self.family]
 
     def packed_linear_shapes(self, fused: bool = True) -> list[tuple[int, int]]:
         """(out, in) of the linears of one decoder layer that folding runs on computed rows only: q/k/v

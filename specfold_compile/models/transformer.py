@@ -493,19 +493,45 @@ class BlockDiffusionLM(nn.Module):
         return PrefixCache(empty, [t.clone() for t in empty], None, self.model_uid)
 
     @torch.no_grad()
-    def prefill(self, prompt_ids: Tensor, compiled: bool = False) -> PrefixCache:
-        """Causal pass over a prompt (1-D int64); the last position's logits predict the next token.
-        ``compiled``: as in ``write_block``."""
+    def prefill(self, prompt_ids: Tensor, compiled: bool = False, block_causal: bool = False) -> PrefixCache:
+        """One pass over a prompt (1-D int64) into a new prefix cache; the last position's logits predict
+        the next token (``next_logits``).
+
+        The mask: causal by default (NLD's prefill). ``block_causal``: the mask Fast-dLLM v2 is trained and
+        prefilled with (``block_causal_mask``): bidirectional inside each absolute block ``[kB, kB + B)``,
+        causal across blocks; its decoder passes the prompt's whole blocks. An empty prompt gives the
+        empty cache (no forward, ``next_logits`` None). ``compiled``: as in ``write_block`` (one graph for
+        prompts of any length under each mask)."""
         if not isinstance(prompt_ids, Tensor) or prompt_ids.dim() != 1 or prompt_ids.dtype != torch.int64:
             raise TypeError("prompt_ids: expected a 1-D int64 tensor")
-        if prompt_ids.numel() == 0:
-            raise ValueError("prompt_ids: expected at least one token")
-        if int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= self.config.vocab_size:
+        for name, flag in (("compiled", compiled), ("block_causal", block_causal)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
+        if prompt_ids.numel() and (int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= self.config.vocab_size):
             raise ValueError(f"prompt_ids: ids must lie in [0, {self.config.vocab_size})")
         if prompt_ids.numel() > self.config.max_position_embeddings:
             raise ValueError(f"prompt_ids: {prompt_ids.numel()} tokens exceed "
                              f"max_position_embeddings={self.config.max_position_embeddings}")
-        return self.write_block(self.empty_cache(prompt_ids.device), prompt_ids, causal=True, compiled=compiled)
+        empty = self.empty_cache(prompt_ids.device)
+        if prompt_ids.numel() == 0:
+            return empty
+        if not block_causal:
+            return self.write_block(empty, prompt_ids, causal=True, compiled=compiled)
+        run = self.prefill_block_causal
+        if compiled:
+            run = self.compiled_method("prefill_block_causal")
+            if prompt_ids.numel() > 1:  # one graph for every prompt length
+                torch._dynamo.maybe_mark_dynamic(prompt_ids, 0)
+        keys, values, next_logits = run(prompt_ids)
+        return PrefixCache(keys, values, next_logits, self.model_uid)
+
+    def prefill_block_causal(self, prompt_ids: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
+        """``prefill(block_causal=True)``'s tensor work, without checks or host reads (so it compiles):
+        prompt_ids [S] -> the per-layer K/V [Hkv, S, D] and the last position's logits [V]."""
+        positions = torch.arange(prompt_ids.shape[0], device=prompt_ids.device)
+        allowed = block_causal_mask(positions, positions, self.config.block_size)
+        h, keys, values = self._sequence(prompt_ids[None], positions, allowed[None], None)
+        return keys, values, self.head(h[0, -1])
 
     @torch.no_grad()
     def static_cache(self, cache: PrefixCache, capacity: int | None = None, out: PrefixCache | None = None
@@ -632,6 +658,13 @@ class BlockDiffusionLM(nn.Module):
         if name not in compiled:
             compiled[name] = torch.compile(getattr(self, name))
         return compiled[name]
+
+
+def block_causal_mask(query_positions: Tensor, key_positions: Tensor, block_size: int) -> Tensor:
+    """bool [Sq, Sk], True where the query at absolute position q may attend the key at position k:
+    k's block ``k // block_size`` is at most q's (bidirectional inside a block, causal across blocks; the
+    mask Fast-dLLM v2 is trained with, and its prefill's)."""
+    return (key_positions[None, :] // block_size) <= (query_positions[:, None] // block_size)
 
 
 def validate_parents(parents: Tensor) -> None:

@@ -4,6 +4,9 @@ Logits of a row depend only on the cache's tokens and on that row's own tokens (
 multi-row verification is exact. Context-dependent base logits keep argmax mostly stable across steps
 (drafts sometimes match); a row-hash-dependent perturbation makes the decoding non-trivial; logits
 sharpen as the row fills up, so the threshold commits several tokens late in a block.
+
+``grid=True`` gives it Fast-dLLM v2's prompt layout (``DecodingRules.prompt_on_block_grid``: whole prompt
+blocks prefilled, the prompt's tail opening the first block), else NLD's.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
+
+from specfold_compile.models.config import DecodingRules
 
 
 @dataclass
@@ -26,10 +31,13 @@ class FakeCache:
 
 class FakeModel:
     def __init__(self, block_size=8, sub_block_size=None, vocab_size=16, seed=0, noise=0.35,
-                 sharpen=0.5, scale=2.5, mask_token_id=None, eos_token_id=1):
+                 sharpen=0.5, scale=2.5, mask_token_id=None, eos_token_id=1, grid=False,
+                 max_position_embeddings=4096):
         mask = vocab_size - 1 if mask_token_id is None else mask_token_id
+        rules = DecodingRules(prompt_on_block_grid=grid, threshold_inclusive=not grid, argmax_of_probs=grid)
         self.config = SimpleNamespace(block_size=block_size, sub_block_size=sub_block_size,
-                                      mask_token_id=mask, eos_token_id=eos_token_id, vocab_size=vocab_size)
+                                      mask_token_id=mask, eos_token_id=eos_token_id, vocab_size=vocab_size,
+                                      max_position_embeddings=max_position_embeddings, decoding_rules=rules)
         g = torch.Generator().manual_seed(seed)
         self.P, self.Q = 251, 509
         self.base = torch.randn(self.P, block_size, vocab_size, generator=g)
@@ -49,9 +57,13 @@ class FakeModel:
         nl[self.config.mask_token_id] = -1e4
         return FakeCache(tuple(tokens), nl)
 
-    def prefill(self, prompt_ids):
+    def prefill(self, prompt_ids, block_causal=False):
         assert prompt_ids.dim() == 1 and prompt_ids.dtype == torch.int64
-        self.calls.append(("prefill", 1))
+        assert block_causal == self.config.decoding_rules.prompt_on_block_grid
+        if block_causal:
+            assert prompt_ids.numel() % self.config.block_size == 0, "prefill of a partial block"
+        if prompt_ids.numel():  # an empty prompt runs no forward
+            self.calls.append(("prefill", 1))
         return self._make_cache(prompt_ids.tolist())
 
     def write_block(self, cache, block):

@@ -75,7 +75,17 @@ def test_block_finished():
     assert block_finished(st(5, 6, 7, 8), M, 4, 1)
 
 
-@given(hs.lists(hs.integers(0, 4), min_size=1, max_size=12), hs.integers(0, 12), hs.sampled_from([None, 1, 2]))
-def test_block_finished_list_equals_tensor(tokens, need, eos):
+def test_block_finished_after_the_prompt_tail():
+    """Positions before ``start`` are the prompt's tail (Fast-dLLM v2's first block): never counted, and
+    an eos among them ends nothing."""
+    assert not block_finished(st(1, 6, M, M), M, 2, 1, start=2)   # the tail's eos is not generated
+    assert block_finished(st(1, 6, 7, M), M, 1, 1, start=2)       # the one counted position is committed
+    assert block_finished(st(5, 6, 1, M), M, 2, 1, start=2)       # a generated eos, nothing masked before it
+    assert not block_finished(st(5, M, 7, 1), M, 2, 1, start=1)   # a mask before the generated eos
+
+
+@given(hs.lists(hs.integers(0, 4), min_size=1, max_size=12), hs.integers(0, 12), hs.sampled_from([None, 1, 2]),
+       hs.integers(0, 4))
+def test_block_finished_list_equals_tensor(tokens, need, eos, start):
     """Drafts check their states as lists: the same answer as the tensor form (mask id 3 here)."""
-    assert block_finished(tokens, 3, need, eos) == block_finished(torch.tensor(tokens), 3, need, eos)
+    assert block_finished(tokens, 3, need, eos, start) == block_finished(torch.tensor(tokens), 3, need, eos, start)

@@ -123,7 +123,7 @@ def test_generate_with_graphs_matches_launched_calls(model, all_logits):
     assert graphs.write_captures == 1 and graphs.write_replays >= 1
     if all_logits:
         assert all(m is None for _, m, _ in graphs.graphs)
-    assert graphs.cache.capacity == 257  # 7 + 48 keys, rounded up to CAPACITY_STEP, and the spare key
+    assert graphs.cache.capacity == 257  # the longest prefix written (< 7 + 48), rounded up to CAPACITY_STEP, + 1
 
 
 def test_static_writes_compile_once_for_every_prefix_length(model):

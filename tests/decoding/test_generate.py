@@ -13,18 +13,24 @@ def prompt(*xs):
 
 
 def literal_vanilla(model, p, max_new, threshold, stop_at_eos):
-    """SPEC section 1 read literally: every block decoded until no mask is left."""
+    """SPEC section 1 read literally: every block decoded until no mask is left; the prompt laid out as
+    the model's family does (``grid``: whole prompt blocks prefilled, the tail opening the first block)."""
     cfg = model.config
-    B = cfg.block_size
-    cache = model.prefill(p)
+    B, rules = cfg.block_size, cfg.decoding_rules
+    whole = p.numel() // B * B if rules.prompt_on_block_grid else p.numel()
+    cache = model.prefill(p[:whole], block_causal=rules.prompt_on_block_grid)
+    head = p[whole:].tolist()
     out = []
     while True:
         x = torch.full((B,), cfg.mask_token_id, dtype=torch.long)
-        x[0] = int(confidence(cache.next_logits, cfg.mask_token_id)[1])
+        x[:len(head)] = torch.tensor(head, dtype=torch.long)
+        if not head:
+            x[0] = int(confidence(cache.next_logits, cfg.mask_token_id)[1])
         while bool((x == cfg.mask_token_id).any()):
             c, t = confidence(model(x[None], torch.tensor([-1]), cache)[0], cfg.mask_token_id)
-            x = commit(x, c, t, cfg.mask_token_id, cfg.sub_block_size, threshold)
-        out += x.tolist()
+            x = commit(x, c, t, cfg.mask_token_id, cfg.sub_block_size, threshold, rules.threshold_inclusive)
+        out += x[len(head):].tolist()
+        head = []
         if stop_at_eos and cfg.eos_token_id in out:
             return out[: out.index(cfg.eos_token_id) + 1][:max_new]
         if len(out) >= max_new:
@@ -32,23 +38,27 @@ def literal_vanilla(model, p, max_new, threshold, stop_at_eos):
         cache = model.write_block(cache, x)
 
 
+@pytest.mark.parametrize("grid", [False, True])
 @pytest.mark.parametrize("B,sb,V", CONFIGS)
-def test_vanilla_matches_literal_rule(B, sb, V):
+def test_vanilla_matches_literal_rule(B, sb, V, grid):
     for seed in range(3):
-        m = FakeModel(block_size=B, sub_block_size=sb, vocab_size=V, seed=seed)
+        m = FakeModel(block_size=B, sub_block_size=sb, vocab_size=V, seed=seed, grid=grid)
         for stop in (True, False):
-            p = prompt(2, 3, seed)
-            r = generate(m, p, max_new_tokens=45, stop_at_eos=stop)
-            assert r.tokens == literal_vanilla(m, p, 45, 0.9, stop)
-            assert all(s.branches == 1 and s.accepted == 0 for s in r.steps)
+            for p in (prompt(2, 3, seed), prompt(*range(2, 2 + B)), prompt(*range(1, B + 4))):
+                r = generate(m, p, max_new_tokens=45, stop_at_eos=stop, confidence_dtype="float32")
+                assert r.tokens == literal_vanilla(m, p, 45, 0.9, stop)
+                assert all(s.branches == 1 and s.accepted == 0 for s in r.steps)
+                if grid and stop is False:  # the first block generates B - L mod B tokens
+                    assert r.steps[0].rows[0, :p.numel() % B].tolist() == p[p.numel() // B * B:].tolist()
 
 
+@pytest.mark.parametrize("grid", [False, True])
 @pytest.mark.parametrize("B,sb,V", CONFIGS)
-def test_p5_spiffy_lossless_and_fewer_forwards(B, sb, V):
+def test_p5_spiffy_lossless_and_fewer_forwards(B, sb, V, grid):
     tot_v = tot_s = 0
     for seed in range(4):
-        for p in (prompt(2, 3, 4), prompt(7, seed), prompt(5, 5, 5, 5, 9)):
-            m = FakeModel(block_size=B, sub_block_size=sb, vocab_size=V, seed=seed)
+        for p in (prompt(2, 3, 4), prompt(7, seed), prompt(5, 5, 5, 5, 9), prompt(*range(1, B + 3))):
+            m = FakeModel(block_size=B, sub_block_size=sb, vocab_size=V, seed=seed, grid=grid)
             v = generate(m, p, max_new_tokens=64)
             assert v.nfe == m.nfe
             m.calls.clear()
@@ -65,11 +75,11 @@ def test_p5_spiffy_lossless_and_fewer_forwards(B, sb, V):
 @settings(max_examples=40, deadline=None)
 @given(seed=hs.integers(0, 10**6), cfg=hs.sampled_from(CONFIGS),
        threshold=hs.sampled_from([0.3, 0.6, 0.9, 0.99, 1.0]), budget=hs.integers(0, 10),
-       p=hs.lists(hs.integers(0, 13), min_size=1, max_size=6), max_new=hs.integers(1, 40),
-       stop=hs.booleans(), noise=hs.sampled_from([0.0, 0.35, 1.5]))
-def test_p5_hypothesis(seed, cfg, threshold, budget, p, max_new, stop, noise):
+       p=hs.lists(hs.integers(0, 13), min_size=1, max_size=40), max_new=hs.integers(1, 40),
+       stop=hs.booleans(), noise=hs.sampled_from([0.0, 0.35, 1.5]), grid=hs.booleans())
+def test_p5_hypothesis(seed, cfg, threshold, budget, p, max_new, stop, noise, grid):
     B, sb, V = cfg
-    m = FakeModel(block_size=B, sub_block_size=sb, vocab_size=V, seed=seed, noise=noise)
+    m = FakeModel(block_size=B, sub_block_size=sb, vocab_size=V, seed=seed, noise=noise, grid=grid)
     pr = torch.tensor(p, dtype=torch.long)
     v = generate(m, pr, max_new_tokens=max_new, threshold=threshold, stop_at_eos=stop)
     s = generate(m, pr, mode="spiffy", max_new_tokens=max_new, threshold=threshold, draft_budget=budget,
@@ -174,8 +184,9 @@ def test_mask_token_never_committed():
         assert m.config.mask_token_id not in r.tokens and len(r.tokens) >= 1
 
 
+@pytest.mark.parametrize("grid", [False, True])
 @pytest.mark.parametrize("B,sb,V", CONFIGS)
-def test_masked_logits_only(B, sb, V):
+def test_masked_logits_only(B, sb, V, grid):
     """By default the decoder asks for the masked positions' logits only: the model sees exactly those
     flat positions, and decoding is the same as with every position's logits (``all_logits=True``)."""
     seen = []
@@ -187,13 +198,14 @@ def test_masked_logits_only(B, sb, V):
 
     for seed in range(3):
         for mode in ("vanilla", "spiffy"):
-            m = Spy(block_size=B, sub_block_size=sb, vocab_size=V, seed=seed, noise=0.35)
+            m = Spy(block_size=B, sub_block_size=sb, vocab_size=V, seed=seed, noise=0.35, grid=grid)
             seen.clear()
-            fast = generate(m, prompt(3, seed), mode=mode, max_new_tokens=40, draft_budget=6)
+            p = prompt(3, seed) if not grid else prompt(*range(1, B + 2 + seed))  # a whole block prefilled
+            fast = generate(m, p, mode=mode, max_new_tokens=40, draft_budget=6)
             assert seen and all(torch.equal(pos, (t == m.config.mask_token_id).flatten().nonzero().flatten())
                                 for t, pos in seen)
             seen.clear()
-            full = generate(m, prompt(3, seed), mode=mode, max_new_tokens=40, draft_budget=6, all_logits=True)
+            full = generate(m, p, mode=mode, max_new_tokens=40, draft_budget=6, all_logits=True)
             assert all(pos is None for _, pos in seen)
             assert fast.tokens == full.tokens and fast.nfe == full.nfe
             assert [(s.branches, s.accepted, s.parents) for s in fast.steps] == \

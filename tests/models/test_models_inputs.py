@@ -128,8 +128,14 @@ def test_bad_prefill_and_write_block(setup):
             model.prefill(bad)
         with pytest.raises(TypeError, match=r"^block_tokens"):
             model.write_block(cache, bad)
-    with pytest.raises(ValueError, match=r"^prompt_ids"):
-        model.prefill(torch.tensor([], dtype=torch.int64))
+    for block_causal in (False, True):  # an empty prompt is the empty cache (Fast-dLLM v2's short prompts)
+        empty = model.prefill(torch.tensor([], dtype=torch.int64), block_causal=block_causal)
+        assert empty.length == 0 and empty.next_logits is None and len(empty.keys) == len(model.layers)
+    for bad in (1, None, "yes"):
+        with pytest.raises(TypeError, match=r"^block_causal"):
+            model.prefill(torch.tensor([1, 2]), block_causal=bad)
+        with pytest.raises(TypeError, match=r"^compiled"):
+            model.prefill(torch.tensor([1, 2]), compiled=bad)
     for bad_id in (-1, model.config.vocab_size):
         with pytest.raises(ValueError, match=r"^prompt_ids"):
             model.prefill(torch.tensor([1, bad_id]))
