@@ -382,8 +382,10 @@ class BlockDiffusionLM(nn.Module):
     def check_inputs(self, tokens: Tensor, parents: Tensor, cache: PrefixCache,
                      logit_positions: Tensor | None = None) -> None:
         """Shape, dtype and device checks always; data checks (token range, parent order, the range of
-        ``logit_positions``) in eager mode only, since they read values back to the host, which a
-        compiled, graph-captured forward must not do."""
+        ``logit_positions``: ``check_values``) on every call launched from the host, compiled or not.
+        They read values back to the host, which nothing may do while a CUDA graph is being captured:
+        there they are skipped, and the decode loop (``decoding.generate`` with ``cuda_graphs``) validates
+        the rows it builds itself before capturing or replaying."""
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.int64:
             raise TypeError(f"tokens: expected an int64 tensor [N, B], got "
                             f"{getattr(tokens, 'dtype', type(tokens))} of shape {tuple(getattr(tokens, 'shape', ()))}")
@@ -415,17 +417,7 @@ class BlockDiffusionLM(nn.Module):
         if logit_positions is not None and logit_positions.device != tokens.device:
             raise ValueError(f"logit_positions: expected the device of tokens ({tokens.device}), got "
                              f"{logit_positions.device}")
-        if torch.compiler.is_compiling() or (tokens.is_cuda and torch.cuda.is_current_stream_capturing()):
-            return  # (nothing may read a value back while a CUDA graph is being captured)
-        validate_parents(parents)
-        if logit_positions is not None and logit_positions.numel():
-            lo, hi = int(logit_positions.min()), int(logit_positions.max())
-            if lo < 0 or hi >= tokens.numel():
-                raise ValueError(f"logit_positions: flat positions must lie in [0, N * B = {tokens.numel()}), "
-                                 f"got [{lo}, {hi}]")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size):
-            raise ValueError(f"tokens: ids must lie in [0, {self.config.vocab_size}), got "
-                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+        check_values(tokens, parents, logit_positions, self.config.vocab_size)
 
     # --- sequence passes: prefill, block writes, training ---------------------------------------
     def _sequence(self, ids: Tensor, positions: Tensor, allowed: Tensor,
@@ -632,6 +624,36 @@ class BlockDiffusionLM(nn.Module):
         if name not in compiled:
             compiled[name] = torch.compile(getattr(self, name))
         return compiled[name]
+
+
+@torch.compiler.disable
+def check_values(tokens: Tensor, parents: Tensor, logit_positions: Tensor | None, vocab_size: int) -> None:
+    """The data checks of ``check_inputs``: token ids in [0, vocab_size), parents in topological order,
+    ``logit_positions`` in [0, N * B). One read back to the host for all of them.
+
+    ``torch.compiler.disable``: under ``torch.compile`` this runs outside the traced graph (a graph
+    break before the verification forward, which is still traced whole), on every call, so a compiled
+    model rejects bad data with the same ValueError as eager instead of indexing out of bounds.
+    Skipped while a CUDA graph is being captured (a read back is not allowed there)."""
+    if tokens.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    if parents.numel() == 0 or tokens.numel() == 0:
+        validate_parents(parents)  # no rows: names parents; rows of width 0 hold no ids to check
+        return
+    n_rows = parents.shape[0]
+    rows = torch.arange(1, n_rows, device=parents.device)
+    parents_ok = (parents[0] == -1) & ((parents[1:] >= 0) & (parents[1:] < rows)).all()
+    stats = [tokens.min(), tokens.max(), parents_ok.to(device=tokens.device, dtype=torch.int64)]
+    if logit_positions is not None and logit_positions.numel():
+        stats += [logit_positions.min(), logit_positions.max()]
+    values = torch.stack(stats).tolist()
+    if not values[2]:
+        validate_parents(parents)  # raises, naming the first bad row
+    if len(values) > 3 and (values[3] < 0 or values[4] >= tokens.numel()):
+        raise ValueError(f"logit_positions: flat positions must lie in [0, N * B = {tokens.numel()}), "
+                         f"got [{values[3]}, {values[4]}]")
+    if values[0] < 0 or values[1] >= vocab_size:
+        raise ValueError(f"tokens: ids must lie in [0, {vocab_size}), got [{values[0]}, {values[1]}]")
 
 
 def validate_parents(parents: Tensor) -> None:
