@@ -353,8 +353,8 @@ class BlockDiffusionLM(nn.Module):
 
     def verify(self, tokens: Tensor, parents: Tensor, cache: PrefixCache,
                logit_positions: Tensor | None = None) -> Tensor:
-        """``forward`` without the input checks (``forward`` itself skips its data checks while compiling
-        or capturing a CUDA graph, so both can be captured)."""
+        """``forward`` without the input checks (``forward`` runs them outside any traced graph and skips
+        its data checks while a CUDA graph is captured, so both can be compiled and captured)."""
         n_rows, block = tokens.shape
         h = self.embed_tokens(tokens)
         h = ops.mark_branches(h, parents)
@@ -379,13 +379,18 @@ class BlockDiffusionLM(nn.Module):
             return logit_positions
         return logit_positions - (logit_positions % block != 0).to(logit_positions.dtype)
 
+    @torch.compiler.disable
     def check_inputs(self, tokens: Tensor, parents: Tensor, cache: PrefixCache,
                      logit_positions: Tensor | None = None) -> None:
-        """Shape, dtype and device checks always; data checks (token range, parent order, the range of
-        ``logit_positions``: ``check_values``) on every call launched from the host, compiled or not.
-        They read values back to the host, which nothing may do while a CUDA graph is being captured:
-        there they are skipped, and the decode loop (``decoding.generate`` with ``cuda_graphs``) validates
-        the rows it builds itself before capturing or replaying."""
+        """Shape, dtype and device checks, and the data checks (token range, parent order, the range of
+        ``logit_positions``: ``check_values``), on every call launched from the host, compiled or not.
+
+        ``torch.compiler.disable``: under ``torch.compile`` the checks run outside the traced graph (a
+        graph break at the first statement of ``forward``, so the verification forward after it is still
+        one graph), hence a compiled model rejects bad data with the eager ValueError instead of indexing
+        out of bounds. The data checks read values back to the host, which nothing may do while a CUDA
+        graph is being captured: there they are skipped, and the decode loop (``decoding.generate`` with
+        ``cuda_graphs``) builds and validates the rows it captures and replays itself."""
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.int64:
             raise TypeError(f"tokens: expected an int64 tensor [N, B], got "
                             f"{getattr(tokens, 'dtype', type(tokens))} of shape {tuple(getattr(tokens, 'shape', ()))}")
@@ -399,14 +404,11 @@ class BlockDiffusionLM(nn.Module):
             raise ValueError("cache: this prefix cache was built by another model")
         if len(cache.keys) != len(self.layers) or len(cache.values) != len(self.layers):
             raise ValueError(f"cache: expected {len(self.layers)} layers, got {len(cache.keys)}")
-        # A static cache's host length is read in eager mode only: a compiled graph would specialise on it
-        # and recompile at every block (decoding checks its lengths on the host before each call).
-        static = cache.device_length is not None
-        if static and cache.device_length.device != tokens.device:
+        # (Outside the traced graph, reading a static cache's host length specialises nothing.)
+        if cache.device_length is not None and cache.device_length.device != tokens.device:
             raise ValueError(f"cache: device_length must be on the device of tokens ({tokens.device}), got "
                              f"{cache.device_length.device}")
-        if (not static or not torch.compiler.is_compiling()) and \
-                cache.length + tokens.shape[1] > self.config.max_position_embeddings:
+        if cache.length + tokens.shape[1] > self.config.max_position_embeddings:
             raise ValueError(f"cache: prefix length {cache.length} + block {tokens.shape[1]} exceeds "
                              f"max_position_embeddings={self.config.max_position_embeddings}")
         if logit_positions is not None and (not isinstance(logit_positions, Tensor) or logit_positions.dim() != 1
@@ -626,15 +628,10 @@ class BlockDiffusionLM(nn.Module):
         return compiled[name]
 
 
-@torch.compiler.disable
 def check_values(tokens: Tensor, parents: Tensor, logit_positions: Tensor | None, vocab_size: int) -> None:
     """The data checks of ``check_inputs``: token ids in [0, vocab_size), parents in topological order,
-    ``logit_positions`` in [0, N * B). One read back to the host for all of them.
-
-    ``torch.compiler.disable``: under ``torch.compile`` this runs outside the traced graph (a graph
-    break before the verification forward, which is still traced whole), on every call, so a compiled
-    model rejects bad data with the same ValueError as eager instead of indexing out of bounds.
-    Skipped while a CUDA graph is being captured (a read back is not allowed there)."""
+    ``logit_positions`` in [0, N * B). One read back to the host for all of them; skipped while a CUDA
+    graph is being captured (a read back is not allowed there)."""
     if tokens.is_cuda and torch.cuda.is_current_stream_capturing():
         return
     if parents.numel() == 0 or tokens.numel() == 0:
