@@ -49,5 +49,6 @@ def load_file(path: str | os.PathLike, what: str, max_depth: int = MAX_DEPTH) ->
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{what}: cannot read {os.fspath(path)!r} ({e})") from None
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ValueError(f"{what} {os.fspath(path)!r}: cannot read ({reason})") from None
     return loads(text, f"{what} {os.fspath(path)!r}", max_depth)
