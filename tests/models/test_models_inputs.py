@@ -189,3 +189,21 @@ def test_compiled_forward_checks_its_data(setup, backend):
                 compiled(bad_tokens, bad_parents, cache, positions)
     assert max(attention) == len(model.layers) and sum(a > 0 for a in attention) <= 2  # logit_positions: 2nd
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("backend", ["specfold", "eager"])
+def test_compiled_by_name_checks_its_data(setup, backend):
+    """The same through torch.compile's registered backends: backend="specfold" with its defaults, and
+    Dynamo's eager backend (the checks run outside the traced graph whatever the backend)."""
+    import torch._dynamo
+
+    model, cache, tokens, parents = setup
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(tokens, parents, cache), model(tokens, parents, cache),
+                                   atol=1e-4, rtol=1e-4)
+        for bad_tokens, bad_parents, positions, name in _bad_data_cases(model, tokens, parents):
+            with pytest.raises(ValueError, match=rf"^{name}"):
+                compiled(bad_tokens, bad_parents, cache, positions)
+    torch._dynamo.reset()
