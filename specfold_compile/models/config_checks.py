@@ -13,7 +13,9 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# float64: a model built for exact comparisons (training's decode-consistency check); a checkpoint's
+# config.json names one of the other three (config_json.DTYPE_NAMES).
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 POSITIVE_INT_FIELDS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
                        "vocab_size", "block_size", "max_position_embeddings", "llama4_original_max_position")
 BOOL_FIELDS = ("attention_bias", "tie_word_embeddings", "shift_logits")
@@ -115,6 +117,6 @@ def validate_config(values: Mapping[str, Any], name: Callable[[str], str] = str)
         if not isinstance(values[field], bool):
             raise ValueError(f"{name(field)}: expected true or false, got {values[field]!r}")
     if values["dtype"] not in DTYPES:
-        raise ValueError(f"{name('dtype')}: expected one of float32, float16, bfloat16, got {values['dtype']!r}")
+        raise ValueError(f"{name('dtype')}: expected one of float32, float16, bfloat16, float64, got {values['dtype']!r}")
     if not isinstance(values["extra"], dict):
         raise ValueError(f"{name('extra')}: expected a dict, got {type(values['extra']).__name__}")

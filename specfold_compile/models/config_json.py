@@ -62,6 +62,8 @@ def family_of_architectures(architectures: Any) -> str:
 
 def to_hf_dict(cfg: ModelConfig) -> dict[str, Any]:
     """The config.json of a checkpoint in the family's layout."""
+    if cfg.dtype not in DTYPE_NAMES:
+        raise ValueError(f"dtype: a checkpoint holds one of {list(DTYPE_NAMES.values())}, got {cfg.dtype}")
     common = {
         "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
         "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,

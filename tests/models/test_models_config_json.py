@@ -239,9 +239,12 @@ def test_model_config_checks_presets_and_overrides():
     """The same checks run on every ModelConfig, not only on config.json's."""
     for bad, match in [(dict(rms_norm_eps=-1.0), "rms_norm_eps"), (dict(rope_theta=math.nan), "rope_theta"),
                        (dict(eos_token_id=128), "eos_token_id"), (dict(bos_token_id=-3), "bos_token_id"),
-                       (dict(dtype=torch.float64), "dtype"), (dict(shift_logits="no"), "shift_logits"),
+                       (dict(dtype=torch.int64), "dtype"), (dict(shift_logits="no"), "shift_logits"),
                        (dict(llama4_scaling_beta=math.inf), "llama4_scaling_beta"),
                        (dict(rope_scaling={"factor": 2.0}), "original_max_position_embeddings")]:
         with pytest.raises(ValueError, match=rf"^{match}|^rope_scaling"):
             preset("tiny-nld", **bad)
     assert preset("tiny-nld", eos_token_id=-1).eos_token_id == -1  # a wrapped LM without eos never stops
+    exact = preset("tiny-nld", dtype=torch.float64)  # for exact comparisons, but no checkpoint holds it
+    with pytest.raises(ValueError, match="^dtype: a checkpoint holds one of"):
+        to_hf_dict(exact)
