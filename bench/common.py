@@ -38,9 +38,22 @@ def versions() -> dict[str, Any]:
 
 
 def out_dir(default: str = "bench/results") -> Path:
-    path = Path(os.environ.get("OUT") or default)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """The results directory, ``$OUT`` or ``default``: created, and checked to accept new files
+    (``UsageError`` naming OUT otherwise)."""
+    from specfold_compile.arguments import output_dir  # noqa: PLC0415
+
+    return output_dir(os.environ.get("OUT") or default, "OUT")
+
+
+def check_output(parser, path: str, flag: str = "--out") -> None:
+    """Before any measurement: ``path`` can be written (its directory exists or is created), else the
+    parser's one-line error (status 2)."""
+    from specfold_compile.arguments import UsageError, output_file  # noqa: PLC0415
+
+    try:
+        output_file(path, flag)
+    except UsageError as e:
+        parser.error(str(e))
 
 
 def write_json(path: Path, rows: list[dict], extra: dict | None = None) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from bench.common import check_output
 from bench.run import _CallRecorder
 
 
@@ -26,6 +27,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--tasks", default=None, help="comma-separated subset of the task suite")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.out:
+        check_output(ap, args.out)
     import specfold_compile  # noqa: F401  (registers the backend)
     from specfold_compile.decoding import generate
     from specfold_compile.loading import DEFAULT_MODEL_DIR, encode, load_model

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 import specfold_compile.decoding.decoder as decoder
+from bench.common import check_output
 
 
 class _Timed:
@@ -119,6 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=8, help="test-split problems per task")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     args = ap.parse_args(argv)
+    if args.out:
+        check_output(ap, args.out)
     torch.set_num_threads(1)
     model = load_model(None, device="cpu")
     graph = load_draft_graph(DEFAULT_MODEL_DIR / "draft_graph.json", model.config.block_size)  # the shipped one

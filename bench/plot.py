@@ -254,7 +254,11 @@ def merge_results(out: str | Path, inputs: list[str | Path]) -> Path:
 def main(argv: list[str]) -> Path:
     """``OUT [IN ...]``: merge the inputs into OUT (after what OUT already holds), then plot OUT
     (any plotted suite; the merged file takes the first input's suite)."""
+    from specfold_compile.arguments import output_file, require_module  # noqa: PLC0415
+
     out = Path(argv[0] if argv else "bench/results/per_check.json")
+    require_module("matplotlib", "bench.plot", "plot")  # before any merge is written
+    output_file(out.with_suffix(".png"), "OUT")
     inputs = argv[1:]
     if inputs:
         if out.is_file() and not any(Path(p).resolve() == out.resolve() for p in inputs):
@@ -264,4 +268,9 @@ def main(argv: list[str]) -> Path:
 
 
 if __name__ == "__main__":
-    print(main(sys.argv[1:]))
+    from specfold_compile.arguments import UsageError, fail
+
+    try:
+        print(main(sys.argv[1:]))
+    except UsageError as e:
+        fail("bench.plot", str(e))

@@ -35,6 +35,7 @@ import argparse
 import json
 from pathlib import Path
 
+from bench.common import check_output
 from specfold_compile.backend import SpecFoldSettings
 from specfold_compile.backend.dispatch import cost_model_folds
 from specfold_compile.models.config import PRESETS
@@ -187,6 +188,7 @@ def main(argv=None) -> int:
     ap.add_argument("--specfold-from", action="append", default=[], metavar="RUN.json",
                     help="per_check run whose SpecFold rows replace PER_CHECK's at the same model, prefix and N")
     args = ap.parse_args(argv)
+    check_output(ap, args.end_to_end, "end_to_end")  # rewritten in place at the end
     e2e = json.loads(Path(args.end_to_end).read_text())
     per_check = json.loads(Path(args.per_check).read_text())["rows"]
     for run in args.specfold_from:

@@ -837,7 +837,7 @@ def main(argv=None) -> int:
         global DEVICE, KERNELS
         DEVICE, KERNELS = "cpu", "torch"
         tiny = dict(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
-                    vocab_size=512, mask_token_id=511, eos_token_id=1, max_position_embeddings=8192)
+                    vocab_size=512, mask_token_id=511, eos_token_id=1, bos_token_id=0, max_position_embeddings=8192)
         SHAPE.update({name: tiny for name in MODELS})
     elif not torch.cuda.is_available():
         print("bench.run needs a CUDA device", file=sys.stderr)
@@ -848,7 +848,14 @@ def main(argv=None) -> int:
         from specfold_compile.kernels import attention
 
         attention.ONE_PASS_MAX_PREFIX = args.one_pass_max_prefix
-    out = out_dir("/tmp/specfold-bench-dry" if args.cpu_dry_run else "bench/results")
+    from specfold_compile.arguments import UsageError, require_module
+
+    try:  # the results directory and the plots' package, before the measurements, not after them
+        out = out_dir("/tmp/specfold-bench-dry" if args.cpu_dry_run else "bench/results")
+        if any(suite in PLOTS for suite in args.suite):
+            require_module("matplotlib", "plotting the suites' results", "plot")
+    except UsageError as e:
+        ap.error(str(e))
     print(versions(), flush=True)
     status = 0
     for suite in args.suite:

@@ -8,8 +8,11 @@ import time
 
 import torch
 
+from . import arguments
 from .decoding.cuda_graphs import add_cuda_graphs_argument, check_cuda_graphs_argument
+from .decoding.defaults import DEFAULTS
 from .loading import decode, encode, load_model, resolve_draft_graph
+
 
 def demo_prompts() -> list[str]:
     """The first held-out test problem of each task (what the shipped model was trained for)."""
@@ -44,7 +47,7 @@ def _run(model, prompt_ids, mode: str, args, compiled=None, graphs=None):
 
 
 def cmd_generate(args) -> int:
-    model = load_model(args.model, device=args.device)
+    model = load_model(args.model, device=args.device, chat_template=not args.no_chat_template)
     ids = encode(model, args.prompt).to(args.device)
     compiled = _compiled(model, args.tau) if args.mode == "specfold" else None
     res = _run(model, ids, args.mode, args, compiled)
@@ -60,7 +63,7 @@ def cmd_generate(args) -> int:
 def cmd_demo(args) -> int:
     from .backend import collect_stats
 
-    model = load_model(args.model, device=args.device)
+    model = load_model(args.model, device=args.device, chat_template=not args.no_chat_template)
     compiled = _compiled(model, args.tau)
     print(f"model: {getattr(model, 'name_or_path', args.model or 'tiny-fast-dllm-v2 (random)')}")
     rows = []
@@ -118,42 +121,72 @@ def cmd_dump(args) -> int:
     return 0
 
 
+def check_dump_inputs(args) -> None:
+    arguments.model_config(args.model)
+    arguments.output_dir(args.out, "--out")
+
+
+# Output arguments of the commands whose parsers live elsewhere, checked before they start.
+DELEGATED_OUTPUTS = {"calibrate": (("--out", arguments.output_file), ("--traces-out", arguments.output_file)),
+                     "train": (("--out", arguments.output_dir),)}
+
+
+def check_delegated_outputs(command: str, rest: list[str]) -> None:
+    pairs = DELEGATED_OUTPUTS.get(command, ())
+    if not pairs or "-h" in rest or "--help" in rest:
+        return
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag, _ in pairs:
+        ap.add_argument(flag, default=None)
+    known, _ = ap.parse_known_args(rest)
+    for flag, check in pairs:
+        value = getattr(known, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            check(value, flag)
+
+
+def add_decoding_arguments(p) -> None:
+    """The arguments of every decoding command, with the shared defaults (``decoding.DEFAULTS``)."""
+    p.add_argument("--model", default=None, help="checkpoint dir or preset (default: the shipped model)")
+    p.add_argument("--max-new-tokens", type=arguments.positive_int, default=DEFAULTS.max_new_tokens)
+    p.add_argument("--threshold", type=arguments.threshold, default=DEFAULTS.threshold)
+    p.add_argument("--draft-budget", type=arguments.nonnegative_int, default=DEFAULTS.draft_budget)
+    p.add_argument("--draft-graph", default=None, help="draft graph JSON (specfold calibrate)")
+    p.add_argument("--tau", type=arguments.tau, default=0.1)
+    p.add_argument("--device", type=arguments.device, default="cpu")
+    p.add_argument("--no-chat-template", action="store_true",
+                   help="send the prompt as it is even when the checkpoint's tokenizer has a chat template")
+    add_cuda_graphs_argument(p)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """User errors (a bad value, a missing file, an output that cannot be written) print one line and
+    exit with status 2 before any work (``arguments``); ``SPECFOLD_TRACEBACK=1`` shows their traceback."""
     ap = argparse.ArgumentParser(prog="specfold", description="SpecFold: folded speculative verification "
-                                 "for block-diffusion LMs")
+                                 "for block-diffusion LMs", epilog=main.__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
 
-    def decoding_args(p):
-        p.add_argument("--model", default=None, help="checkpoint dir or preset (default: the shipped model)")
-        p.add_argument("--max-new-tokens", type=int, default=64)
-        p.add_argument("--threshold", type=float, default=0.9)
-        p.add_argument("--draft-budget", type=int, default=16)
-        p.add_argument("--draft-graph", default=None, help="draft graph JSON (specfold calibrate)")
-        p.add_argument("--tau", type=float, default=0.1)
-        p.add_argument("--device", default="cpu")
-        add_cuda_graphs_argument(p)
-
     p = sub.add_parser("generate", help="decode one prompt and print text and statistics")
-    decoding_args(p)
+    add_decoding_arguments(p)
     p.add_argument("--prompt", required=True)
     p.add_argument("--mode", choices=("vanilla", "spiffy", "specfold"), default="spiffy")
     p.add_argument("--compile-writes", action="store_true",
                    help="specfold mode: also compile the prefill and block writes (torch.compile, default backend)")
-    p.set_defaults(fn=cmd_generate)
+    p.set_defaults(fn=cmd_generate, check=arguments.check_model_inputs)
 
     p = sub.add_parser("demo", help="vanilla vs Spiffy vs SpecFold on a tiny model, a few prompts")
-    decoding_args(p)
-    p.set_defaults(fn=cmd_demo)
+    add_decoding_arguments(p)
+    p.set_defaults(fn=cmd_demo, check=arguments.check_model_inputs)
 
     p = sub.add_parser("dump", help="graph before/after every pass plus the region report")
     p.add_argument("--model", default=None)
     p.add_argument("--out", required=True)
-    p.add_argument("--tau", type=float, default=0.1)
-    p.add_argument("--branches", type=int, default=5)
+    p.add_argument("--tau", type=arguments.tau, default=0.1)
+    p.add_argument("--branches", type=arguments.positive_int, default=5)
     p.add_argument("--kernels", default="torch", choices=("auto", "torch", "triton"))
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--device", default="cpu")
-    p.set_defaults(fn=cmd_dump)
+    p.add_argument("--device", type=arguments.device, default="cpu")
+    p.set_defaults(fn=cmd_dump, check=check_dump_inputs)
 
     for name, target in (("calibrate", "specfold_compile.decoding:calibrate_cli"),
                          ("eval", "specfold_compile.evaluation:eval_cli"),
@@ -163,16 +196,20 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(fn=None, target=target)
 
     args, rest = ap.parse_known_args(argv)
-    if args.fn is None:
-        import importlib
+    prog = f"specfold {args.command}"
+    with arguments.reporting_user_errors(prog), arguments.one_line_warnings():
+        if args.fn is None:
+            import importlib
 
-        module, func = args.target.split(":")
-        return int(getattr(importlib.import_module(module), func)(rest) or 0)
-    if rest:
-        ap.error(f"unrecognized arguments: {' '.join(rest)}")
-    if hasattr(args, "cuda_graphs"):
-        check_cuda_graphs_argument(ap, args.cuda_graphs, args.device)
-    return int(args.fn(args) or 0)
+            check_delegated_outputs(args.command, rest)
+            module, func = args.target.split(":")
+            return int(getattr(importlib.import_module(module), func)(rest) or 0)
+        if rest:
+            ap.error(f"unrecognized arguments: {' '.join(rest)}")
+        if hasattr(args, "cuda_graphs"):
+            check_cuda_graphs_argument(ap, args.cuda_graphs, args.device)
+        args.check(args)
+        return int(args.fn(args) or 0)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import torch
 
+from . import arguments
 from .decoding.cuda_graphs import add_cuda_graphs_argument, check_cuda_graphs_argument, graphs_for_cli
+from .decoding.defaults import DEFAULTS
 from .loading import DEFAULT_MODEL_DIR, decode, encode, load_model, resolve_draft_graph
 
 __all__ = [
@@ -38,22 +40,6 @@ RESULT_KEYS = ("accuracy", "nfe", "tokens_per_s", "recompute_ratio", "n", "accep
 
 # ----------------------------------------------------------------------------------------------------
 # helpers
-
-
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x.strip()]
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
-def _names(text: str, allowed, what: str) -> list[str]:
-    out = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [x for x in out if x not in allowed]
-    if bad or not out:
-        raise SystemExit(f"{what}: expected a comma-separated subset of {list(allowed)}, got {text!r}")
-    return out
 
 
 def _add_unsafe_run_code_argument(ap) -> None:
@@ -227,10 +213,11 @@ def warm_up(model, target, mode: str, *, max_new_tokens: int, threshold: float, 
 # eval
 
 
-def evaluate(model, tasks, modes, *, limit: int, tau: float = 0.1, draft_budgets=(8,), draft_graph=None,
-             max_new_tokens: int = 96, threshold: float = 0.9, seed: int = 0, device: str = "cpu",
-             kernels: str = "torch", fold_head: bool = False, progress: bool = True,
-             cuda_graphs: str | None = None, unsafe_run_code: bool = False) -> dict:
+def evaluate(model, tasks, modes, *, limit: int, tau: float = 0.1, draft_budgets=(DEFAULTS.draft_budget,),
+             draft_graph=None, max_new_tokens: int = DEFAULTS.max_new_tokens, threshold: float = DEFAULTS.threshold,
+             seed: int = 0, device: str = "cpu", kernels: str = "torch", fold_head: bool = False, progress: bool = True,
+             cuda_graphs: str | None = None,
+             unsafe_run_code: bool = False) -> dict:
     """The ``results`` / equality / timing part of the eval report (see ``eval_cli``).
 
     With several draft budgets, the Spiffy and SpecFold modes run once per budget under the names
@@ -337,41 +324,56 @@ def _jsonable(obj):
     return obj
 
 
+def add_model_arguments(ap) -> None:
+    """``--model``, ``--draft-budget``, ``--draft-graph``, ``--max-new-tokens``, ``--threshold``, ``--kernels``,
+    ``--device``, ``--seed``, ``--no-chat-template``: shared by eval and sweep, defaults from
+    ``decoding.DEFAULTS``."""
+    ap.add_argument("--model", default=None, help="checkpoint dir or preset (default: the shipped model)")
+    ap.add_argument("--draft-budget", type=arguments.nonnegative_int, default=DEFAULTS.draft_budget)
+    ap.add_argument("--draft-graph", default=None,
+                    help="draft graph JSON (default: the shipped model's calibrated graph, else decoding's default)")
+    ap.add_argument("--max-new-tokens", type=arguments.positive_int, default=DEFAULTS.max_new_tokens)
+    ap.add_argument("--threshold", type=arguments.threshold, default=DEFAULTS.threshold)
+    ap.add_argument("--kernels", default="torch", choices=("auto", "torch", "triton"))
+    ap.add_argument("--device", type=arguments.device, default="cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-chat-template", action="store_true",
+                    help="send the prompts as they are even when the checkpoint's tokenizer has a chat template")
+
+
 def eval_cli(argv=None) -> int:
     """``specfold eval``: accuracy and speed of vanilla / Spiffy / SpecFold decoding on the test split."""
     from .tasks import TASKS  # noqa: PLC0415
 
     ap = argparse.ArgumentParser(prog="specfold eval", description=eval_cli.__doc__)
-    ap.add_argument("--tasks", default=",".join(TASKS))
-    ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--tau", type=float, default=0.1)
-    ap.add_argument("--limit", type=int, default=50, help="first N test-split problems per task")
-    ap.add_argument("--model", default=None, help="checkpoint dir or preset (default: the shipped model)")
-    ap.add_argument("--draft-budget", type=int, default=8)
-    ap.add_argument("--draft-budgets", default=None, help="comma-separated budgets; Spiffy/SpecFold run per budget")
-    ap.add_argument("--draft-graph", default=None,
-                    help="draft graph JSON (default: the shipped model's calibrated graph, else decoding's default)")
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--threshold", type=float, default=0.9)
-    ap.add_argument("--kernels", default="torch", choices=("auto", "torch", "triton"))
+    ap.add_argument("--tasks", type=arguments.names(TASKS, "tasks"), default=list(TASKS))
+    ap.add_argument("--modes", type=arguments.names(MODES, "modes"), default=list(MODES))
+    ap.add_argument("--tau", type=arguments.tau, default=0.1)
+    ap.add_argument("--limit", type=arguments.positive_int, default=50, help="first N test-split problems per task")
+    ap.add_argument("--draft-budgets", type=arguments.nonnegative_ints, default=None,
+                    help="comma-separated budgets; Spiffy/SpecFold run per budget")
+    add_model_arguments(ap)
     ap.add_argument("--fold-head", action="store_true",
                     help="SpecFold also folds the final norm and LM head (options['fold_head'])")
-    ap.add_argument("--device", default="cpu")
     add_cuda_graphs_argument(ap)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="write the JSON report here")
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _add_unsafe_run_code_argument(ap)
     a = ap.parse_args(argv)
-    tasks = _names(a.tasks, TASKS, "--tasks")
-    modes = _names(a.modes, MODES, "--modes")
-    _check_code_sandbox(tasks, a.unsafe_run_code)
-    budgets = _ints(a.draft_budgets) if a.draft_budgets else [a.draft_budget]
-    if a.limit < 1:
-        raise SystemExit("--limit must be >= 1")
-    check_cuda_graphs_argument(ap, a.cuda_graphs, a.device)
+    with arguments.reporting_user_errors(ap.prog), arguments.one_line_warnings():
+        check_cuda_graphs_argument(ap, a.cuda_graphs, a.device)
+        _check_code_sandbox(a.tasks, a.unsafe_run_code)
+        arguments.check_model_inputs(a)
+        if a.out:
+            arguments.output_file(a.out, "--out")
+        return _eval(a)
+
+
+def _eval(a) -> int:
+    tasks, modes = a.tasks, a.modes
+    budgets = a.draft_budgets or [a.draft_budget]
     t0 = time.perf_counter()
-    model = load_model(a.model, device=a.device)
+    model = load_model(a.model, device=a.device, chat_template=not a.no_chat_template)
     model.eval()
     graph = resolve_draft_graph(a.model, a.draft_graph)
     rep = evaluate(model, tasks, modes, limit=a.limit, tau=a.tau, draft_budgets=budgets, draft_graph=graph,
@@ -403,7 +405,6 @@ def eval_cli(argv=None) -> int:
         print(f"specfold sequences equal vanilla (share): {rep['specfold_sequences_equal_vanilla_share']}")
     print(f"compile/warm-up seconds: { {k: round(v, 2) for k, v in rep['warmup_seconds'].items()} }")
     if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(_jsonable(report), indent=2) + "\n")
         print(f"wrote {a.out}", file=sys.stderr)
     ok = all(v is not False for v in rep["spiffy_tokens_equal_vanilla"].values())
@@ -531,9 +532,10 @@ def sweep_columns(tasks) -> list[str]:
             + list(SWEEP_FIDELITY_COLUMNS))
 
 
-def sweep(model, taus, tasks, *, limit: int, draft_budget: int = 8, draft_graph=None, max_new_tokens: int = 96,
-          threshold: float = 0.9, seed: int = 0, device: str = "cpu", kernels: str = "torch",
-          fidelity_every: int = 1, progress: bool = True, unsafe_run_code: bool = False) -> dict:
+def sweep(model, taus, tasks, *, limit: int, draft_budget: int = DEFAULTS.draft_budget, draft_graph=None,
+          max_new_tokens: int = DEFAULTS.max_new_tokens, threshold: float = DEFAULTS.threshold, seed: int = 0,
+          device: str = "cpu", kernels: str = "torch", fidelity_every: int = 1, progress: bool = True,
+          unsafe_run_code: bool = False) -> dict:
     """Per tau: SpecFold decoding (accuracy per task, tokens/s, recompute ratio); and fidelity of the
     folded logits at still-masked draft positions vs dense, measured on the calls of Spiffy decoding."""
     import torch._dynamo  # noqa: PLC0415
@@ -665,33 +667,35 @@ def format_sweep_table(rows, tasks) -> str:
 
 
 def sweep_cli(argv=None) -> int:
-    """``specfold sweep``: SpecFold accuracy, speed, recompute ratio and draft fidelity against tau."""
+    """``specfold sweep``: SpecFold accuracy, speed, recompute ratio and draft fidelity against tau.
+    Writes sweep.csv, sweep.json and (unless ``--no-plot``; needs matplotlib) sweep.png to ``--out-dir``."""
     from .tasks import TASKS  # noqa: PLC0415
 
     ap = argparse.ArgumentParser(prog="specfold sweep", description=sweep_cli.__doc__)
-    ap.add_argument("--taus", default="0,0.02,0.05,0.1,0.2,0.4")
-    ap.add_argument("--tasks", default=",".join(TASKS))
-    ap.add_argument("--limit", type=int, default=30)
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--draft-budget", type=int, default=8)
-    ap.add_argument("--draft-graph", default=None)
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--threshold", type=float, default=0.9)
-    ap.add_argument("--kernels", default="torch", choices=("auto", "torch", "triton"))
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--fidelity-every", type=int, default=1, help="measure fidelity on every k-th multi-branch call")
+    ap.add_argument("--taus", type=arguments.taus, default=[0.0, 0.02, 0.05, 0.1, 0.2, 0.4])
+    ap.add_argument("--tasks", type=arguments.names(TASKS, "tasks"), default=list(TASKS))
+    ap.add_argument("--limit", type=arguments.positive_int, default=30)
+    add_model_arguments(ap)
+    ap.add_argument("--fidelity-every", type=arguments.positive_int, default=1,
+                    help="measure fidelity on every k-th multi-branch call")
     ap.add_argument("--out-dir", default=".")
+    ap.add_argument("--no-plot", action="store_true", help="skip sweep.png (which needs matplotlib)")
     ap.add_argument("--quiet", action="store_true")
     _add_unsafe_run_code_argument(ap)
     a = ap.parse_args(argv)
-    taus = _floats(a.taus)
-    if not taus or any(math.isnan(t) or t < 0 for t in taus):
-        raise SystemExit(f"--taus: expected numbers >= 0, got {a.taus!r}")
-    tasks = _names(a.tasks, TASKS, "--tasks")
-    _check_code_sandbox(tasks, a.unsafe_run_code)
+    with arguments.reporting_user_errors(ap.prog), arguments.one_line_warnings():
+        if not a.no_plot:
+            arguments.require_module("matplotlib", "sweep.png", "plot", "pass --no-plot")
+        _check_code_sandbox(a.tasks, a.unsafe_run_code)
+        arguments.check_model_inputs(a)
+        arguments.output_dir(a.out_dir, "--out-dir")
+        return _sweep(a)
+
+
+def _sweep(a) -> int:
+    taus, tasks = a.taus, a.tasks
     t0 = time.perf_counter()
-    model = load_model(a.model, device=a.device)
+    model = load_model(a.model, device=a.device, chat_template=not a.no_chat_template)
     model.eval()
     graph = resolve_draft_graph(a.model, a.draft_graph)
     rep = sweep(model, taus, tasks, limit=a.limit, draft_budget=a.draft_budget, draft_graph=graph,
@@ -699,9 +703,6 @@ def sweep_cli(argv=None) -> int:
                 kernels=a.kernels, fidelity_every=a.fidelity_every, progress=not a.quiet,
                 unsafe_run_code=a.unsafe_run_code)
     out = Path(a.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_sweep_csv(rep["rows"], tasks, out / "sweep.csv")
-    plot_sweep(rep["rows"], tasks, out / "sweep.png")
     meta = {"rows": rep["rows"], "spiffy_accuracy": rep["spiffy_accuracy"], "warmup_seconds": rep["warmup_seconds"],
             "fidelity_calls": rep["fidelity_calls"], "model": _model_name(model, a.model),
             "settings": {"taus": taus, "tasks": tasks, "limit": a.limit, "split": "test",
@@ -711,9 +712,15 @@ def sweep_cli(argv=None) -> int:
                          "fidelity_positions": "draft rows n>=1, token == mask id; copy = parent's dense logits"},
             "versions": versions(), "machine": MACHINE if a.device == "cpu" else a.device,
             "total_seconds": time.perf_counter() - t0}
-    (out / "sweep.json").write_text(json.dumps(_jsonable(meta), indent=2) + "\n")
+    # The measurements first: a failing plot loses nothing.
+    written = [out / "sweep.csv", out / "sweep.json"]
+    write_sweep_csv(rep["rows"], tasks, written[0])
+    written[1].write_text(json.dumps(_jsonable(meta), indent=2) + "\n")
+    if not a.no_plot:
+        plot_sweep(rep["rows"], tasks, out / "sweep.png")
+        written.append(out / "sweep.png")
     print(format_sweep_table(rep["rows"], tasks))
-    print(f"wrote {out / 'sweep.csv'}, {out / 'sweep.png'}, {out / 'sweep.json'}", file=sys.stderr)
+    print(f"wrote {', '.join(map(str, written))}", file=sys.stderr)
     return 0
 
 

@@ -12,6 +12,7 @@ Public API::
     record_traces(model, prompts, max_new_tokens=, threshold=, confidence_dtype=) -> dict
     calibrate(traces, size=12, max_level=4, max_rank=None) -> dict
     calibrate_cli(argv) -> int
+    DEFAULTS  # max_new_tokens, draft_budget, threshold, confidence_dtype of the command line
 """
 
 from .calibration import calibrate, calibrate_cli, count_rank_sets
@@ -19,13 +20,14 @@ from .commit import block_finished, commit, confidence, rank_masked_positions, w
 from .cuda_graphs import VerifyGraphs, logit_rows_bucket
 from .defaults import CONFIDENCE_DTYPES, DEFAULTS, DecodingDefaults
 from .decoder import MODES, GenerateResult, StepStats, generate, mark_dynamic_shapes, record_traces
+from .defaults import DEFAULTS, DecodingDefaults
 from .graph import DraftGraph, build_drafts, default_draft_graph, load_draft_graph, prune_nodes, save_draft_graph
 from .prompt_layout import PromptLayout, layout_prompt
 
 __all__ = [
     "DEFAULTS", "DecodingDefaults", "CONFIDENCE_DTYPES", "PromptLayout", "layout_prompt",
     "generate", "GenerateResult", "VerifyGraphs", "logit_rows_bucket", "StepStats", "MODES", "record_traces",
-    "mark_dynamic_shapes",
+    "mark_dynamic_shapes", "DEFAULTS", "DecodingDefaults",
     "calibrate", "calibrate_cli", "count_rank_sets",
     "DraftGraph", "load_draft_graph", "save_draft_graph", "default_draft_graph", "build_drafts", "prune_nodes",
     "commit", "confidence", "window_positions", "rank_masked_positions", "block_finished",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import json_input
 from .commit import rank_masked_positions
 
 __all__ = [
@@ -75,7 +76,7 @@ def _is_int(x) -> bool:
 def load_draft_graph(graph, block_size: int) -> DraftGraph:
     """Validate a draft graph given as a path (str / PathLike, JSON), a dict, or a ``DraftGraph``.
 
-    Raises ``ValueError`` naming the problem: unreadable / non-JSON file, wrong version, block size that
+    Raises ``ValueError`` naming the problem: unreadable / non-JSON / absurdly nested file, wrong version, block size that
     differs from ``block_size``, ranks outside ``1..block_size-1`` or above ``max_rank``, empty or
     duplicate rank lists, duplicate nodes, a level-k node with no possible parent, bad parent lists.
     Nodes are re-ordered by level (stable), parent indices remapped accordingly.
@@ -85,13 +86,8 @@ def load_draft_graph(graph, block_size: int) -> DraftGraph:
     if isinstance(graph, DraftGraph):
         graph = graph.to_dict()
     if isinstance(graph, (str, os.PathLike)):
-        try:
-            with open(graph, "r", encoding="utf-8") as f:
-                graph = json.load(f)
-        except OSError as e:
-            raise _err(f"cannot read file {os.fspath(graph)!r}: {e}") from e
-        except json.JSONDecodeError as e:
-            raise _err(f"file is not valid JSON: {e}") from e
+        # json_input refuses absurd nesting up front (Python's parser would raise RecursionError)
+        graph = json_input.load_file(graph, "draft_graph: file")
     if not isinstance(graph, dict):
         raise _err(f"expected a dict, a path or a DraftGraph, got {type(graph).__name__}")
     if graph.get("version") != GRAPH_VERSION:

@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .config import ModelConfig, from_hf_dict, to_hf_dict
+from .. import json_input
+from .config import ModelConfig
+from .config_json import from_hf_dict, to_hf_dict
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -50,19 +52,33 @@ def read_config(path: str | os.PathLike, **overrides: Any) -> ModelConfig:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"path: no config.json in {path}")
-    return from_hf_dict(json.loads(cfg_file.read_text()), **overrides)
+    return from_hf_dict(json_input.load_file(cfg_file, "config.json: file"), **overrides)
 
 
 def _weight_files(path: Path) -> list[Path]:
     if (path / INDEX_FILE).is_file():
-        index = json.loads((path / INDEX_FILE).read_text())
-        return [path / f for f in sorted(set(index["weight_map"].values()))]
+        index = json_input.load_file(path / INDEX_FILE, f"{INDEX_FILE}: file")
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise ValueError(f"{INDEX_FILE}: expected an object with a 'weight_map' of tensor -> file names")
+        files = [path / f for f in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"checkpoint: shard(s) {missing} listed in {INDEX_FILE} are missing from {path}")
+        return files
     if (path / SINGLE_FILE).is_file():
         return [path / SINGLE_FILE]
     found = sorted(path.glob("*.safetensors"))
     if not found:
         raise FileNotFoundError(f"path: no safetensors weights in {path}")
     return found
+
+
+def _open_weights(file: Path):
+    try:
+        return safe_open(str(file), framework="pt")
+    except (SafetensorError, OSError) as e:  # a truncated or foreign file
+        raise ValueError(f"checkpoint: cannot read {file.name} as safetensors ({e})") from None
 
 
 def load_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
@@ -74,7 +90,7 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
     seen: set[str] = set()
     with torch.no_grad():
         for file in _weight_files(path):
-            with safe_open(str(file), framework="pt") as f:
+            with _open_weights(file) as f:
                 for name in f.keys():
                     if name in tied_head:
                         continue  # some tied checkpoints store the head too; the embedding is the truth

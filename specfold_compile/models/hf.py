@@ -114,7 +114,8 @@ def from_hf(hf_model: nn.Module, *, mask_token_id: int | None = None, block_size
             family: str | None = None) -> HFBlockDiffusionLM:
     """Wrap a transformers ``Qwen2ForCausalLM`` / ``LlamaForCausalLM`` / ``MistralForCausalLM`` (any
     size, dtype, device, attention implementation) without copying its weights. See the module doc for
-    the arguments' defaults."""
+    the arguments' defaults. Every argument and every value read from ``hf_model.config`` is checked
+    (``ModelConfig``): e.g. an eos id outside the vocabulary is an error naming ``eos_token_id``."""
     classes = _supported_classes()
     kind = next((name for name, cls in classes.items() if isinstance(hf_model, cls)), None)
     if kind is None:
@@ -157,14 +158,14 @@ def from_hf(hf_model: nn.Module, *, mask_token_id: int | None = None, block_size
     config = ModelConfig(
         family=family, num_layers=len(hf_layers), hidden_size=int(cfg.hidden_size), num_heads=heads,
         num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=int(cfg.intermediate_size),
-        vocab_size=vocab, mask_token_id=int(mask_token_id), eos_token_id=int(eos_token_id),
+        vocab_size=vocab, mask_token_id=mask_token_id, eos_token_id=eos_token_id,
         bos_token_id=getattr(cfg, "bos_token_id", None), pad_token_id=getattr(cfg, "pad_token_id", None),
         rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)), rope_theta=float(theta),
         rope_scaling=None,  # RoPE is transformers' own rotary_emb; this field is unused here
         llama4_scaling_beta=None, attention_bias=bool(getattr(cfg, "attention_bias", kind == "Qwen2ForCausalLM")),
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         max_position_embeddings=max_positions, block_size=block_size, sub_block_size=sub_block_size,
-        shift_logits=bool(shift_logits), initializer_range=float(getattr(cfg, "initializer_range", 0.02)),
+        shift_logits=shift_logits, initializer_range=float(getattr(cfg, "initializer_range", 0.02)),
         dtype=dtype, extra={"hf_class": type(hf_model).__name__, "sliding_window": window},
     )
     layers = nn.ModuleList(

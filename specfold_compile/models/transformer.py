@@ -353,8 +353,8 @@ class BlockDiffusionLM(nn.Module):
 
     def verify(self, tokens: Tensor, parents: Tensor, cache: PrefixCache,
                logit_positions: Tensor | None = None) -> Tensor:
-        """``forward`` without the input checks (``forward`` itself skips its data checks while compiling
-        or capturing a CUDA graph, so both can be captured)."""
+        """``forward`` without the input checks (``forward`` runs them outside any traced graph and skips
+        its data checks while a CUDA graph is captured, so both can be compiled and captured)."""
         n_rows, block = tokens.shape
         h = self.embed_tokens(tokens)
         h = ops.mark_branches(h, parents)
@@ -379,11 +379,18 @@ class BlockDiffusionLM(nn.Module):
             return logit_positions
         return logit_positions - (logit_positions % block != 0).to(logit_positions.dtype)
 
+    @torch.compiler.disable
     def check_inputs(self, tokens: Tensor, parents: Tensor, cache: PrefixCache,
                      logit_positions: Tensor | None = None) -> None:
-        """Shape, dtype and device checks always; data checks (token range, parent order, the range of
-        ``logit_positions``) in eager mode only, since they read values back to the host, which a
-        compiled, graph-captured forward must not do."""
+        """Shape, dtype and device checks, and the data checks (token range, parent order, the range of
+        ``logit_positions``: ``check_values``), on every call launched from the host, compiled or not.
+
+        ``torch.compiler.disable``: under ``torch.compile`` the checks run outside the traced graph (a
+        graph break at the first statement of ``forward``, so the verification forward after it is still
+        one graph), hence a compiled model rejects bad data with the eager ValueError instead of indexing
+        out of bounds. The data checks read values back to the host, which nothing may do while a CUDA
+        graph is being captured: there they are skipped, and the decode loop (``decoding.generate`` with
+        ``cuda_graphs``) builds and validates the rows it captures and replays itself."""
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.int64:
             raise TypeError(f"tokens: expected an int64 tensor [N, B], got "
                             f"{getattr(tokens, 'dtype', type(tokens))} of shape {tuple(getattr(tokens, 'shape', ()))}")
@@ -397,14 +404,11 @@ class BlockDiffusionLM(nn.Module):
             raise ValueError("cache: this prefix cache was built by another model")
         if len(cache.keys) != len(self.layers) or len(cache.values) != len(self.layers):
             raise ValueError(f"cache: expected {len(self.layers)} layers, got {len(cache.keys)}")
-        # A static cache's host length is read in eager mode only: a compiled graph would specialise on it
-        # and recompile at every block (decoding checks its lengths on the host before each call).
-        static = cache.device_length is not None
-        if static and cache.device_length.device != tokens.device:
+        # (Outside the traced graph, reading a static cache's host length specialises nothing.)
+        if cache.device_length is not None and cache.device_length.device != tokens.device:
             raise ValueError(f"cache: device_length must be on the device of tokens ({tokens.device}), got "
                              f"{cache.device_length.device}")
-        if (not static or not torch.compiler.is_compiling()) and \
-                cache.length + tokens.shape[1] > self.config.max_position_embeddings:
+        if cache.length + tokens.shape[1] > self.config.max_position_embeddings:
             raise ValueError(f"cache: prefix length {cache.length} + block {tokens.shape[1]} exceeds "
                              f"max_position_embeddings={self.config.max_position_embeddings}")
         if logit_positions is not None and (not isinstance(logit_positions, Tensor) or logit_positions.dim() != 1
@@ -415,17 +419,7 @@ class BlockDiffusionLM(nn.Module):
         if logit_positions is not None and logit_positions.device != tokens.device:
             raise ValueError(f"logit_positions: expected the device of tokens ({tokens.device}), got "
                              f"{logit_positions.device}")
-        if torch.compiler.is_compiling() or (tokens.is_cuda and torch.cuda.is_current_stream_capturing()):
-            return  # (nothing may read a value back while a CUDA graph is being captured)
-        validate_parents(parents)
-        if logit_positions is not None and logit_positions.numel():
-            lo, hi = int(logit_positions.min()), int(logit_positions.max())
-            if lo < 0 or hi >= tokens.numel():
-                raise ValueError(f"logit_positions: flat positions must lie in [0, N * B = {tokens.numel()}), "
-                                 f"got [{lo}, {hi}]")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size):
-            raise ValueError(f"tokens: ids must lie in [0, {self.config.vocab_size}), got "
-                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+        check_values(tokens, parents, logit_positions, self.config.vocab_size)
 
     # --- sequence passes: prefill, block writes, training ---------------------------------------
     def _sequence(self, ids: Tensor, positions: Tensor, allowed: Tensor,
@@ -665,6 +659,31 @@ def block_causal_mask(query_positions: Tensor, key_positions: Tensor, block_size
     k's block ``k // block_size`` is at most q's (bidirectional inside a block, causal across blocks; the
     mask Fast-dLLM v2 is trained with, and its prefill's)."""
     return (key_positions[None, :] // block_size) <= (query_positions[:, None] // block_size)
+
+
+def check_values(tokens: Tensor, parents: Tensor, logit_positions: Tensor | None, vocab_size: int) -> None:
+    """The data checks of ``check_inputs``: token ids in [0, vocab_size), parents in topological order,
+    ``logit_positions`` in [0, N * B). One read back to the host for all of them; skipped while a CUDA
+    graph is being captured (a read back is not allowed there)."""
+    if tokens.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    if parents.numel() == 0 or tokens.numel() == 0:
+        validate_parents(parents)  # no rows: names parents; rows of width 0 hold no ids to check
+        return
+    n_rows = parents.shape[0]
+    rows = torch.arange(1, n_rows, device=parents.device)
+    parents_ok = (parents[0] == -1) & ((parents[1:] >= 0) & (parents[1:] < rows)).all()
+    stats = [tokens.min(), tokens.max(), parents_ok.to(device=tokens.device, dtype=torch.int64)]
+    if logit_positions is not None and logit_positions.numel():
+        stats += [logit_positions.min(), logit_positions.max()]
+    values = torch.stack(stats).tolist()
+    if not values[2]:
+        validate_parents(parents)  # raises, naming the first bad row
+    if len(values) > 3 and (values[3] < 0 or values[4] >= tokens.numel()):
+        raise ValueError(f"logit_positions: flat positions must lie in [0, N * B = {tokens.numel()}), "
+                         f"got [{values[3]}, {values[4]}]")
+    if values[0] < 0 or values[1] >= vocab_size:
+        raise ValueError(f"tokens: ids must lie in [0, {vocab_size}), got [{values[0]}, {values[1]}]")
 
 
 def validate_parents(parents: Tensor) -> None:

@@ -91,6 +91,17 @@ def test_bad_files(tmp_path):
         load_draft_graph(default_draft_graph(32), 16)
 
 
+def test_deeply_nested_file_is_a_clear_error(tmp_path):
+    """Python's JSON parser recurses per level: a hostile file must fail with a ValueError naming the
+    draft graph and the depth, not a RecursionError. Brackets inside strings do not count."""
+    p = tmp_path / "deep.json"
+    p.write_text('{"version": 1, "nodes": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    with pytest.raises(ValueError, match=r"^draft_graph: file .*deep\.json.*nested 200001 levels deep"):
+        load_draft_graph(p, 8)
+    p.write_text(json.dumps({**default_draft_graph(8), "note": "[" * 1000}))
+    assert len(load_draft_graph(p, 8)) == len(default_draft_graph(8)["nodes"])
+
+
 @hs.composite
 def dags(draw):
     n = draw(hs.integers(0, 25))

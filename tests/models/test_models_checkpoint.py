@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from specfold_compile.models import build, from_pretrained
 from specfold_compile.models.checkpoint import INDEX_FILE, SINGLE_FILE
 
-ARCH = {"tiny-fast-dllm-v2": "Fast_dLLM_QwenForCausalLM", "tiny-nld": "NemotronLabsDiffusionForCausalLM"}
+ARCH = {"tiny-fast-dllm-v2": "Fast_dLLM_QwenForCausalLM", "tiny-nld": "NemotronLabsDiffusionModel"}
 PREFIX = {"tiny-fast-dllm-v2": "model", "tiny-nld": "encoder"}
 HEAD = {"tiny-fast-dllm-v2": "lm_head.weight", "tiny-nld": "diffusion_head.weight"}
 

@@ -154,3 +154,62 @@ def test_bad_logit_positions(setup):
                          (torch.zeros(1, dtype=torch.int64, device="meta"), ValueError)]:
             with pytest.raises(exc, match=r"^logit_positions"):
                 model(tokens, parents, cache, logit_positions=bad)
+
+
+def _bad_data_cases(model, tokens, parents):
+    """(tokens, parents, logit_positions, name): data only a read of the values can reject."""
+    vocab = model.config.vocab_size
+    out_of_vocab, negative = tokens.clone(), tokens.clone()
+    out_of_vocab[1, 2], negative[2, 0] = vocab, -1
+    return [(out_of_vocab, parents, None, "tokens"), (negative, parents, None, "tokens"),
+            (tokens, torch.tensor([-1, 0, 2]), None, "parents"), (tokens, torch.tensor([0, 0, 1]), None, "parents"),
+            (tokens, parents, torch.tensor([0, tokens.numel()]), "logit_positions"),
+            (tokens, parents, torch.tensor([-1, 3]), "logit_positions")]
+
+
+@pytest.mark.parametrize("backend", ["specfold", "aot_eager"])
+def test_compiled_forward_checks_its_data(setup, backend):
+    """A compiled model launched from the host rejects out-of-range tokens, bad parents and out-of-range
+    logit_positions with the eager ValueError (not an IndexError, a device assert or garbage), and the
+    backend still receives the whole verification forward as one graph (every layer's attention)."""
+    import torch._dynamo
+
+    from specfold_compile.backend import specfold_backend
+
+    model, cache, tokens, parents = setup
+    torch._dynamo.reset()
+    attention = []  # per graph the backend receives: attention ops in it (before the rewrite)
+
+    def recording(gm, example_inputs):
+        attention.append(sum(n.target is torch.ops.specfold.branch_attention.default for n in gm.graph.nodes))
+        if backend == "specfold":
+            return specfold_backend(gm, example_inputs, options={"tau": 0.5, "fold_launched": True})
+        return torch._dynamo.backends.registry.lookup_backend(backend)(gm, example_inputs)
+
+    compiled = torch.compile(model, backend=recording)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(tokens, parents, cache), model(tokens, parents, cache),
+                                   atol=1e-4, rtol=1e-4)
+        for bad_tokens, bad_parents, positions, name in _bad_data_cases(model, tokens, parents):
+            with pytest.raises(ValueError, match=rf"^{name}"):
+                compiled(bad_tokens, bad_parents, cache, positions)
+    assert max(attention) == len(model.layers) and sum(a > 0 for a in attention) <= 2  # logit_positions: 2nd
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("backend", ["specfold", "eager"])
+def test_compiled_by_name_checks_its_data(setup, backend):
+    """The same through torch.compile's registered backends: backend="specfold" with its defaults, and
+    Dynamo's eager backend (the checks run outside the traced graph whatever the backend)."""
+    import torch._dynamo
+
+    model, cache, tokens, parents = setup
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(tokens, parents, cache), model(tokens, parents, cache),
+                                   atol=1e-4, rtol=1e-4)
+        for bad_tokens, bad_parents, positions, name in _bad_data_cases(model, tokens, parents):
+            with pytest.raises(ValueError, match=rf"^{name}"):
+                compiled(bad_tokens, bad_parents, cache, positions)
+    torch._dynamo.reset()

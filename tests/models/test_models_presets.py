@@ -60,7 +60,8 @@ def test_big_presets_on_meta(name):
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_overrides_on_every_preset(name):
-    model = build(name, device="meta", num_layers=1, vocab_size=256, mask_token_id=7, dtype=torch.bfloat16)
+    model = build(name, device="meta", num_layers=1, vocab_size=256, mask_token_id=7, eos_token_id=8, bos_token_id=9,
+                  dtype=torch.bfloat16)
     assert len(model.layers) == 1 and model.config.num_layers == 1
     assert model.embed_tokens.weight.shape[0] == 256 and model.config.mask_token_id == 7
     assert model.embed_tokens.weight.dtype == torch.bfloat16
