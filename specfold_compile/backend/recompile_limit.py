@@ -50,10 +50,33 @@ def _current_code() -> types.CodeType | None:
         return None
 
 
+def _original_code(code: types.CodeType) -> types.CodeType:
+    """The user function a Dynamo resume function continues (after a graph break, such as the model's
+    input checks at the top of ``forward``, the graph is compiled in a generated
+    ``torch_dynamo_resume_in_forward_at_N`` function, while the recompile-limit message names ``forward``)."""
+    try:  # Dynamo's private cache: original code -> {key: resume code}, held by id with weak references
+        from torch._dynamo.resume_execution import ContinueExecutionCache
+
+        cache = ContinueExecutionCache.cache
+        parent_of = {id(resume): cache.refs[idx]() for idx, resumes in list(cache.values.items())
+                     for resume in resumes.values()}
+    except Exception:
+        return code
+    for _ in range(32):  # resume functions of resume functions
+        parent = parent_of.get(id(code))
+        if parent is None:
+            return code
+        code = parent
+    return code
+
+
 def current_function() -> str | None:
     """The function Dynamo is compiling, named as in its log messages: ``'forward' (file:line)``."""
     code = _current_code()
-    return None if code is None else f"'{code.co_name}' ({code.co_filename}:{code.co_firstlineno})"
+    if code is None:
+        return None
+    code = _original_code(code)
+    return f"'{code.co_name}' ({code.co_filename}:{code.co_firstlineno})"
 
 
 def _has_cached_graphs(code: types.CodeType | None) -> bool:

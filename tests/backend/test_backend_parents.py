@@ -1,4 +1,5 @@
-"""Invalid ``parents`` in a compiled call: eager ``model(...)`` raises, a compiled call cannot read them back,
+"""Invalid ``parents`` in a compiled call: eager and launched compiled ``model(...)`` calls raise (their
+data checks read the values back on the host); a call captured into a CUDA graph cannot read them back,
 so its gates compute every row whose parent is invalid (exactly the dense forward's logits for it), never
 read a row through an invalid parent, and set a device flag that ``invalid_parents_seen`` and
 ``collect_stats`` report."""
@@ -12,6 +13,14 @@ from specfold_compile.backend import invalid_parents_seen
 KERNELS = [{"kernels": "torch"}, {"kernels": "triton"}, {"kernels": "triton", "gate_flags": "graph"}]
 
 
+@pytest.fixture
+def captured_checks(monkeypatch):
+    """The data checks as while a CUDA graph is captured (no host read, so none run), on the CPU."""
+    from specfold_compile.models import transformer
+
+    monkeypatch.setattr(transformer, "check_values", lambda *args, **kwargs: None)
+
+
 @pytest.fixture(scope="module")
 def tiny():
     model = ModelSpec(family="nld", layers=2, block=8, seed=3).build()
@@ -21,11 +30,9 @@ def tiny():
 
 
 @pytest.mark.parametrize("options", KERNELS, ids=lambda o: "-".join(o.values()))
-def test_all_parents_invalid_gives_the_dense_result(tiny, options):
+def test_all_parents_invalid_gives_the_dense_result(tiny, options, captured_checks):
     model, tokens, cache = tiny
     parents = torch.tensor([0, 7, -2, 3])  # row 0 not -1; 7 and 3 not below their row; -2 negative
-    with pytest.raises(ValueError, match="^parents"):
-        model(tokens, parents, cache)
     dense = model.verify(tokens, parents, cache)  # the unchecked forward: parents do not enter it
     invalid_parents_seen()  # reset
     out, s, _ = compile_run(model, tokens, parents, cache, tau=0.9, **options)
@@ -36,7 +43,7 @@ def test_all_parents_invalid_gives_the_dense_result(tiny, options):
 
 
 @pytest.mark.parametrize("options", KERNELS, ids=lambda o: "-".join(o.values()))
-def test_an_invalid_parent_is_computed_and_the_rest_fold(tiny, options):
+def test_an_invalid_parent_is_computed_and_the_rest_fold(tiny, options, captured_checks):
     model, tokens, cache = tiny
     tokens = tokens.clone()
     tokens[3] = tokens[2]  # row 3 repeats row 2, its (valid) parent
@@ -64,3 +71,13 @@ def test_the_flag_works_in_and_out_of_inference_mode(monkeypatch):
         gate(torch.tensor([-1, 0, 1]))
     gate(torch.tensor([-1, 0, 5]))
     assert invalid_parents_seen()
+
+
+def test_launched_calls_reject_invalid_parents(tiny):
+    """Outside a capture, eager and compiled calls check the parents on the host first."""
+    model, tokens, cache = tiny
+    parents = torch.tensor([0, 7, -2, 3])
+    with pytest.raises(ValueError, match="^parents"):
+        model(tokens, parents, cache)
+    with pytest.raises(ValueError, match="^parents"):
+        compile_run(model, tokens, parents, cache, tau=0.9, kernels="torch")
