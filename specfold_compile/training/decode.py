@@ -9,8 +9,8 @@ one forward per step, sub-block by sub-block (the 8-aligned windows of the absol
 package's commit rule (``decoding.commit``: every masked position of the current sub-block whose
 confidence is above ``threshold``, plus always the most confident one); position p reads the logit
 computed at p - 1, block position 0 its own. A block is done when ``decoding.commit.block_finished``
-says so (no mask left, or an eos with no mask before it); decoding stops after a block with an eos or
-after ``max_blocks`` blocks. Otherwise the finished block is written (one forward attending to the prefix
+says so (no mask left, or an eos with no mask before it); decoding stops after a block with an eos, at
+an eos seed, or after ``max_blocks`` blocks. Otherwise the finished block is written (one forward attending to the prefix
 and, bidirectionally, to itself) and its last logit seeds the next block.
 
 Instead of a cache, every forward re-runs the prefix under the mask the cache would have been written
@@ -101,6 +101,9 @@ def _decode_batch(model, prompts, mask_id, eos_id, pad_id, block, sub_block, thr
                 r.prefix.append(r.cur)
                 r.cur = [int(seed[j])] + [mask_id] * (block - 1)
                 r.fixed, r.writing = 0, False
+                if r.cur[0] == eos_id:  # an eos seed ends the answer: no denoising step follows
+                    r.out.append(eos_id)
+                    r.done = True
                 continue
             r.cur = commit(torch.tensor(r.cur), conf[j], tok[j], mask_id, sub_block, threshold).tolist()
             generated = r.cur[r.fixed:]
