@@ -1,6 +1,7 @@
 """Render docs/benchmarks.md from the committed result files.
 
     python -m bench.report > docs/benchmarks.md
+    python -m bench.report --readme-table      # the table of README.md
 
 Every table is computed from one JSON under ``bench/results/`` and printed with the command that
 produced that file and the hardware and versions the file records; nothing here is typed in by hand.
@@ -118,6 +119,23 @@ def render_per_check(data: dict) -> list[str]:
                       [[m, str(p), _f(get.get((m, p, "write"))), _f(get.get((m, p, "write_compiled")))]
                        for m, p in keys]) + [""]
     return out
+
+
+def render_headline(data: dict, prefix: int = 512, ns: tuple[int, ...] = (5, 17, 33)) -> list[str]:
+    """The README's table: per_check at one prefix, SpecFold at the headline ratio."""
+    rows = []
+    for model, shape in SHAPES.items():
+        for n in ns:
+            sel = dict(model=model, prefix=prefix, n_branches=n)
+            eager, ind = _one(data, mode="dense", **sel), _one(data, mode="dense_compiled", **sel)
+            sf = _one(data, mode="specfold", target_ratio=HEADLINE_RATIO, **sel)
+            if not (eager and ind and sf):
+                continue
+            rows.append([shape, str(n), _f(eager["ms"]), _f(ind["ms"]),
+                         _f(sf["ms"]) + ("" if sf.get("folded", True) else " (plain graph)"),
+                         f"{sf['recompute_ratio']:.2f}", f"{sf['ms'] / eager['ms']:.2f}x", f"{sf['ms'] / ind['ms']:.2f}x"])
+    return _table(["shape", "N", "dense eager (ms)", "dense Inductor (ms)", "SpecFold (ms)", "recompute ratio",
+                   "SpecFold / eager", "SpecFold / Inductor"], rows)
 
 
 def render_check(data: dict) -> list[str]:
@@ -291,7 +309,14 @@ def render(results: Path = RESULTS) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--readme-table"]:  # the table README.md shows
+        data = json.loads((RESULTS / "h200" / "per_check.json").read_text())
+        sys.stdout.write("\n".join(render_headline(data)) + "\n")
+        return 0
+    if argv:
+        raise SystemExit("usage: python -m bench.report [--readme-table]")
     sys.stdout.write(render())
     return 0
 
