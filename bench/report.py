@@ -285,7 +285,8 @@ SECTIONS = [
     Section("SpecFold against tau on the shipped model", "eval/sweep.json",
             "specfold sweep --taus 0,0.02,0.05,0.1,0.2,0.4 --limit 30 --out-dir bench/results/eval",
             "Accuracy, speed, recompute ratio and draft fidelity of SpecFold decoding at each tau "
-            "(CPU, one thread).", render_sweep),
+            "(CPU, one thread; on shared cores its tokens/s swing with the load, the eval's are steadier).",
+            render_sweep),
 ]
 
 
