@@ -1,14 +1,51 @@
-"""The README's usage example runs as written."""
+"""The README's example runs as written, its table is the committed results', and its test command is CI's."""
 
+import contextlib
+import json
+import io
 import re
 from pathlib import Path
 
 import torch
 
+from bench import report
 
-def test_readme_python_example_runs():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+
+
+def test_readme_python_example_runs_and_prints_sane_results():
+    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
     assert blocks, "README has no python example"
     torch._dynamo.reset()
-    exec(compile(blocks[0], "README.md", "exec"), {})
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(blocks[0], "README.md", "exec"), {})
+    text = out.getvalue()
+    assert "Spiffy decodes vanilla's tokens: True" in text  # P5: lossless
+    nfe = re.search(r"NFE: vanilla (\d+), Spiffy (\d+), SpecFold (\d+)", text)
+    assert nfe, text
+    vanilla, spiffy, specfold = map(int, nfe.groups())
+    assert 0 < spiffy <= vanilla and 0 < specfold <= vanilla
+    ratio = re.search(r"SpecFold recomputed (\d+)% of the draft rows", text)
+    assert ratio and 0 < int(ratio.group(1)) < 100, text  # tau = 0.1 folds some rows, not all
+    answer = re.search(r"^-> (.+)$", text, flags=re.M)
+    assert answer and answer.group(1).strip(), text
+
+
+def test_readme_table_is_rendered_from_the_committed_results():
+    table = "\n".join(report.render_headline(
+        json.loads((report.RESULTS / "h200" / "per_check.json").read_text())))
+    assert table in README, "regenerate: python -m bench.report --readme-table"
+
+
+def test_readme_test_command_is_the_one_ci_runs():
+    ci = (ROOT / ".ci" / "run").read_text()
+    command = re.search(r"^TRITON_INTERPRET=1 OMP_NUM_THREADS=1 (python -m pytest .*)$", README, flags=re.M)
+    assert command, "README states no test command"
+    assert command.group(1) in ci.splitlines()
+    assert "export TRITON_INTERPRET=1" in ci and "export OMP_NUM_THREADS=1" in ci
+
+
+def test_readme_is_short():
+    assert len(README.splitlines()) <= 250

@@ -1,0 +1,326 @@
+"""Render docs/benchmarks.md from the committed result files.
+
+    python -m bench.report > docs/benchmarks.md
+    python -m bench.report --readme-table      # the table of README.md
+
+Every table is computed from one JSON under ``bench/results/`` and printed with the command that
+produced that file and the hardware and versions the file records; nothing here is typed in by hand.
+``tests/docs/test_benchmarks_doc.py`` checks that the committed page equals this output.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+SHAPES = {"fast-dllm-v2-1.5b": "1.5B", "fast-dllm-v2-7b": "7B", "nld-3b": "NLD-3B"}
+MODES = {"dense": "dense eager", "dense_compiled": "dense Inductor", "specfold": "SpecFold",
+         "spiffy_compiled": "Spiffy, Inductor"}
+# bench.run's kernel groups (breakdown suite), in words
+PARTS = {"dense_gemm": "cuBLAS GEMMs", "rest(elementwise,norms)": "the rest (norms, RoPE, elementwise)",
+         "attention_prefix": "prefix attention", "attention_block_merge": "block attention + merge",
+         "gate": "gate (fold flags)", "origin+compaction": "origin resolution + compaction",
+         "packed_linear_spill": "spill launches of packed linears", "packed_swiglu": "packed SwiGLU",
+         "packing_gather_scatter": "Inductor's gathers and scatters around the fold ops"}
+# per_check's drafts are built to reach these recompute ratios; the measured ratio of each is printed
+TARGET_RATIOS = (0.1, 0.25, 0.35, 0.5, 0.6)
+HEADLINE_RATIO = 0.25
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    path: str       # relative to bench/results/
+    command: str
+    what: str
+    render: Callable[[dict], list[str]]
+
+
+def _f(x: float | None, digits: int = 2) -> str:
+    return "" if x is None else f"{x:.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines
+
+
+def _versions(data: dict) -> str:
+    """The hardware and versions a result file records (every run's, when it merges several)."""
+    seen = []
+    for v in [data.get("versions")] + [r.get("versions") for r in data.get("runs", [])]:
+        if v and v not in seen:
+            seen.append(v)
+    parts = []
+    for v in seen:
+        where = v.get("gpu", data.get("machine", "CPU"))
+        if "driver" in v:
+            where += f" (driver {v['driver']})"
+        soft = ", ".join(f"{k} {v[k]}" for k in ("python", "torch", "triton") if k in v)
+        parts.append(f"{where}; {soft}")
+    return "; ".join(parts)
+
+
+def _rows(data: dict, **match) -> list[dict]:
+    return [r for r in data["rows"] if all(r.get(k) == v for k, v in match.items())]
+
+
+def _one(data: dict, **match) -> dict | None:
+    found = _rows(data, **match)
+    return found[0] if found else None
+
+
+# ---- per suite -------------------------------------------------------------------------------------
+
+def render_per_check(data: dict) -> list[str]:
+    out = []
+    for model in SHAPES:
+        for prefix in sorted({r["prefix"] for r in _rows(data, model=model)}):
+            sel = dict(model=model, prefix=prefix)
+            ns = sorted({r["n_branches"] for r in _rows(data, mode="specfold", **sel)})
+            ratios = {t: _one(data, mode="specfold", target_ratio=t, n_branches=17, **sel) for t in TARGET_RATIOS}
+            header = ["N", "dense eager", "dense Inductor"]
+            header += [f"SpecFold r={r['recompute_ratio']:.2f}" if r else f"SpecFold target {t}"
+                       for t, r in ratios.items()]
+            header += ["headline / eager", "headline / Inductor", "floor", "headline / floor"]
+            rows = []
+            for n in ns:
+                eager = _one(data, mode="dense", n_branches=n, **sel)
+                ind = _one(data, mode="dense_compiled", n_branches=n, **sel)
+                cells, head = [], None
+                for t in TARGET_RATIOS:
+                    r = _one(data, mode="specfold", target_ratio=t, n_branches=n, **sel)
+                    if n == 1:  # nothing to fold: one plain-graph point, in the first column
+                        r = _one(data, mode="specfold", n_branches=1, **sel) if t == TARGET_RATIOS[0] else None
+                    plain = r is not None and (r.get("folded") is False or n == 1)
+                    cells.append("" if r is None else _f(r["ms"]) + (" (plain)" if plain else ""))
+                    if t == HEADLINE_RATIO or (n == 1 and r is not None):
+                        head = r
+                floor = _one(data, mode="floor", target_ratio=HEADLINE_RATIO, n_branches=n, **sel)
+                ratio = (lambda base: f"{head['ms'] / base['ms']:.2f}x" if head and base else "")
+                rows.append([str(n), _f(eager and eager["ms"]), _f(ind and ind["ms"])] + cells
+                            + [ratio(eager), ratio(ind), _f(floor and floor["ms"]), ratio(floor)])
+            out += [f"**{SHAPES[model]}, prefix {prefix}** (ms per verification forward)", ""]
+            out += _table(header, rows) + [""]
+    writes = [(SHAPES[r["model"]], r["prefix"], r["mode"], r["ms"]) for r in data["rows"]
+              if r["mode"] in ("write", "write_compiled")]
+    if writes:
+        out += ["Block writes (one block after the prefix, ms):", ""]
+        keys = sorted({(m, p) for m, p, _, _ in writes}, key=lambda k: (list(SHAPES.values()).index(k[0]), k[1]))
+        get = {(m, p, mode): ms for m, p, mode, ms in writes}
+        out += _table(["shape", "prefix", "eager", "Inductor"],
+                      [[m, str(p), _f(get.get((m, p, "write"))), _f(get.get((m, p, "write_compiled")))]
+                       for m, p in keys]) + [""]
+    return out
+
+
+def render_headline(data: dict, prefix: int = 512, ns: tuple[int, ...] = (5, 17, 33)) -> list[str]:
+    """The README's table: per_check at one prefix, SpecFold at the headline ratio."""
+    rows = []
+    for model, shape in SHAPES.items():
+        for n in ns:
+            sel = dict(model=model, prefix=prefix, n_branches=n)
+            eager, ind = _one(data, mode="dense", **sel), _one(data, mode="dense_compiled", **sel)
+            sf = _one(data, mode="specfold", target_ratio=HEADLINE_RATIO, **sel)
+            if not (eager and ind and sf):
+                continue
+            rows.append([shape, str(n), _f(eager["ms"]), _f(ind["ms"]),
+                         _f(sf["ms"]) + ("" if sf.get("folded", True) else " (plain graph)"),
+                         f"{sf['recompute_ratio']:.2f}", f"{sf['ms'] / eager['ms']:.2f}x", f"{sf['ms'] / ind['ms']:.2f}x"])
+    return _table(["shape", "N", "dense eager (ms)", "dense Inductor (ms)", "SpecFold (ms)", "recompute ratio",
+                   "SpecFold / eager", "SpecFold / Inductor"], rows)
+
+
+def render_check(data: dict) -> list[str]:
+    cols = [("P1_vs_fp32", "P1: folded, tau = 0"), ("dense_bf16_vs_fp32", "dense bf16"),
+            ("P2_main_vs_fp32", "P2: main row"), ("P4_vs_fp32_ref", "P4: folded vs fp32 reference, same masks"),
+            ("bf16_ref_vs_fp32_ref", "bf16 reference vs fp32 reference"),
+            ("cuda_graph_replay_vs_call", "CUDA-graph replay vs call")]
+    rows = [[SHAPES.get(r["model"], r["model"])] + [f"{100 * r[k]:.2f}%" for k, _ in cols]
+            + ["yes" if r.get("ok") else "no"] for r in data["rows"]]
+    return _table(["shape"] + [c for _, c in cols] + ["ok"], rows) + [""]
+
+
+def render_breakdown(data: dict) -> list[str]:
+    cols = sorted({(r["model"], r["mode"]) for r in data["rows"]},
+                  key=lambda c: (list(SHAPES).index(c[0]), c[1] != "specfold"))
+    parts = []
+    for r in data["rows"]:
+        if r["part"] not in parts:
+            parts.append(r["part"])
+    get = {(r["model"], r["mode"], r["part"]): r["ms_per_forward"] for r in data["rows"]}
+    rows = [[PARTS.get(p, p)] + [_f(get.get((m, mode, p))) or "-" for m, mode in cols] for p in parts]
+    rows.append(["total"] + [_f(sum(v for (m2, mo2, _), v in get.items() if (m2, mo2) == c)) for c in cols])
+    n, prefix = data["rows"][0]["n_branches"], data["rows"][0]["prefix"]
+    header = ["part"] + [f"{SHAPES[m]} {MODES.get(mode, mode)}" for m, mode in cols]
+    return [f"Kernel time in ms per forward, N = {n}, prefix {prefix}:", ""] + _table(header, rows) + [""]
+
+
+def render_memory(data: dict) -> list[str]:
+    rows = []
+    for prefix in sorted({r["prefix"] for r in data["rows"]}):
+        for n in sorted({r["n_branches"] for r in _rows(data, prefix=prefix)}):
+            d = _one(data, prefix=prefix, n_branches=n, mode="dense")
+            s = _one(data, prefix=prefix, n_branches=n, mode="specfold")
+            copy = (d or s)["per_branch_cache_copy_bytes"]
+            rows.append([str(prefix), str(n), _f(d and d["extra_bytes"] / 2**20, 1), _f(s and s["extra_bytes"] / 2**20, 1),
+                         _f(copy / 2**30, 2), f"{100 * s['extra_bytes'] / copy:.1f}%" if s else ""])
+    model = SHAPES.get(data["rows"][0]["model"], data["rows"][0]["model"])
+    return ([f"{model}, peak memory beyond weights and cache:", ""]
+            + _table(["prefix", "N", "dense (MiB)", "SpecFold (MiB)", "a per-branch cache copy (GiB)",
+                      "SpecFold / copy"], rows) + [""])
+
+
+def render_launch(data: dict) -> list[str]:
+    rows = [[SHAPES[r["model"]], str(r["n_branches"]), MODES.get(r["mode"], r["mode"]), "yes" if r["folded"] else "no",
+             _f(r["ms"]), _f(r["launched_ms"]), _f(r["host_ms"]), str(int(r["launches_per_call"]))]
+            for r in data["rows"]]
+    return _table(["shape", "N", "mode", "folded", "CUDA-graph replay (ms)", "launched (ms)",
+                   "host time (ms)", "launches per call"], rows) + [""]
+
+
+def render_decode_loop(data: dict) -> list[str]:
+    rows = []
+    for model in SHAPES:
+        for n in sorted({r["n_branches"] for r in _rows(data, part="shape", model=model)}):
+            sp = _one(data, part="shape", model=model, n_branches=n, mode="spiffy_compiled")
+            sf = _one(data, part="shape", model=model, n_branches=n, mode="specfold")
+            if not (sp and sf):
+                continue
+            rows.append([SHAPES[model], str(n), _f(sp["launched_ms"]), _f(sp["cuda_graph_ms"]),
+                         _f(sf["launched_ms"]), _f(sf["cuda_graph_ms"]),
+                         "folded" if sf["recompute_ratio"] is not None else "plain",
+                         f"{sf['cuda_graph_ms'] / sp['cuda_graph_ms']:.2f}x"])
+    checks = [f"{SHAPES[r['model']]} {r['rel_err_static_vs_dynamic']:g}" for r in _rows(data, part="shape_check")]
+    return (_table(["shape", "N", "Spiffy, Inductor: launched", "replayed", "SpecFold: launched",
+                    "replayed", "SpecFold's replay", "SpecFold / Spiffy, replayed"], rows)
+            + ["", "Static cache against dynamic cache, relative difference of the logits (eager, bf16): "
+               + ", ".join(checks) + ".", ""])
+
+
+def render_eval(data: dict) -> list[str]:
+    rows = []
+    for task, modes in data["results"].items():
+        for mode, r in modes.items():
+            rows.append([task, mode, _f(r["accuracy"]), _f(r["nfe"]), f"{r['tokens_per_s']:.0f}",
+                         _f(r["accepted_per_call"]) if mode != "vanilla" else "-",
+                         _f(r["recompute_ratio"], 3) if r["recompute_ratio"] is not None else "-"])
+    s = data["settings"]
+    lines = [f"{s['limit']} test problems a task, tau = {s['tau']}, draft budget "
+             f"{', '.join(map(str, s['draft_budgets']))}, kernels `{s['kernels']}` on the {s['device']}:", ""]
+    lines += _table(["task", "mode", "accuracy", "NFE", "tokens/s", "accepted drafts per call",
+                     "recompute ratio"], rows)
+    equal = data.get("spiffy_tokens_equal_vanilla", {})
+    lines += ["", "Spiffy's tokens equal vanilla's: " + ", ".join(f"{t} {'yes' if v else 'no'}" for t, v in equal.items())
+              + ". SpecFold's sequences equal to vanilla's: "
+              + ", ".join(f"{t} {100 * v['specfold']:.0f}%" for t, v in
+                          data.get("specfold_sequences_equal_vanilla_share", {}).items()) + ".", ""]
+    return lines
+
+
+def render_sweep(data: dict) -> list[str]:
+    tasks = data["settings"]["tasks"]
+    rows = [[f"{r['tau']:g}"] + [_f(r[f"accuracy_{t}"]) for t in tasks]
+            + [_f(r["nfe"]), f"{r['tokens_per_s']:.0f}", _f(r["recompute_ratio"], 3), _f(r["fold_argmax_agree"], 3),
+               f"{r['fold_relerr_median']:.3f} / {r['fold_relerr_p99']:.3f}", _f(r["copy_argmax_agree"], 3),
+               f"{r['copy_relerr_median']:.3f} / {r['copy_relerr_p99']:.3f}"] for r in data["rows"]]
+    s = data["settings"]
+    positions = data["rows"][0]["fidelity_positions"]
+    return ([f"{s['limit']} test problems a task, draft budget {s['draft_budget']}; fidelity over {positions} "
+             "still-masked draft positions against the dense verification logits, next to copying the "
+             "parent branch's logits:", ""]
+            + _table(["tau"] + [f"{t} accuracy" for t in tasks]
+                     + ["NFE", "tokens/s", "recompute ratio", "folded: argmax agrees",
+                        "folded: rel. error median / p99", "copy parent: argmax agrees",
+                        "copy parent: median / p99"], rows) + [""])
+
+
+SECTIONS = [
+    Section("Correctness of the bf16 kernels against float32", "h200/check.json",
+            "python -m bench.run --suite check",
+            "Prefix 512, N = 9, every call folded, Triton kernels lowered through Inductor; relative "
+            "difference of each bf16 result from an fp32 copy of the same model (random weights).",
+            render_check),
+    Section("Per-check latency", "h200/per_check.json",
+            "python -m bench.run --suite per_check --models MODEL (one run per model; "
+            "--suite writes for the block writes), runs merged with python -m bench.plot "
+            "bench/results/h200/per_check.json RUN.json ...",
+            "Median of 30 CUDA-graph replays of one verification forward, random bf16 weights of the real "
+            "shapes, N and the prefix length marked dynamic. SpecFold: `backend=\"specfold\"` with default "
+            "options, tau 0.3 on random drafts built to reach the target recompute ratios (the header gives "
+            "the ratio measured at N = 17); \"(plain)\": the cost model runs the plain graph. Dense "
+            "Inductor: `torch.compile(model.verify, dynamic=True)`. Floor: the weights read once or the "
+            f"computed rows' FLOPs, whichever takes longer, at target {HEADLINE_RATIO}; the headline "
+            f"column is SpecFold at target {HEADLINE_RATIO}.",
+            render_per_check),
+    Section("Where one forward's time goes", "h200/breakdown.json",
+            "python -m bench.run --suite breakdown --breakdown-modes dense_compiled,specfold --ns 17 "
+            "--models fast-dllm-v2-1.5b,fast-dllm-v2-7b",
+            "torch.profiler kernel time, grouped by kernel name; r = 0.19.", render_breakdown),
+    Section("Memory", "h200/memory.json", "python -m bench.run --suite memory",
+            "Peak CUDA memory of one verification forward beyond the weights and the prefix cache.",
+            render_memory),
+    Section("Launched against replayed calls", "h200/launch.json",
+            "python -m bench.run --suite launch --logit-fraction 0.6 --models fast-dllm-v2-1.5b",
+            "Prefix 512, the logits of 60% of the positions (as the decode loop asks for the masked ones); "
+            "launched: plain calls each waited for; host time: the call's host work.", render_launch),
+    Section("One decode step's verification call", "h200/decode_loop.json",
+            "python -m bench.run --suite decode_loop --decode-parts shape --models "
+            "fast-dllm-v2-1.5b,fast-dllm-v2-7b (and --models nld-3b)",
+            "The call as `generate` makes it (rows and parents copied from the host, the masked positions' "
+            "logits, their confidences copied back), random bf16 weights, a 512-token prefix in a static "
+            "cache of 768 keys, ms, median of 20 calls.", render_decode_loop),
+    Section("Accuracy next to speed on the shipped model", "eval/eval.json",
+            "specfold eval --tasks math,code,instruct --modes vanilla,spiffy,specfold --tau 0.1 --limit 100 "
+            "--out bench/results/eval/eval.json",
+            "The shipped trained model (specfold_compile/assets/specfold-tiny) and its draft graph, the "
+            "held-out test split; tokens/s on the CPU, one thread.", render_eval),
+    Section("SpecFold against tau on the shipped model", "eval/sweep.json",
+            "specfold sweep --taus 0,0.02,0.05,0.1,0.2,0.4 --limit 30 --out-dir bench/results/eval",
+            "Accuracy, speed, recompute ratio and draft fidelity of SpecFold decoding at each tau "
+            "(CPU, one thread; on shared cores its tokens/s swing with the load, the eval's are steadier).",
+            render_sweep),
+]
+
+
+def render(results: Path = RESULTS) -> str:
+    lines = ["# Benchmarks", "",
+             "Generated by `python -m bench.report > docs/benchmarks.md` from the files under "
+             "`bench/results/`; each section names its file, the command that wrote it, and the hardware "
+             "and versions it records. Plots: `python -m bench.plot FILE.json`.", ""]
+    for s in SECTIONS:
+        path = results / s.path
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        lines += [f"## {s.title}", "", s.what, "",
+                  f"- file: `bench/results/{s.path}`", f"- command: `{s.command}`",
+                  f"- measured on: {_versions(data)}", ""]
+        lines += s.render(data)
+        png = path.with_suffix(".png")
+        if png.exists():
+            lines += [f"![{s.title}](../bench/results/{Path(s.path).with_suffix('.png')})", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--readme-table"]:  # the table README.md shows
+        data = json.loads((RESULTS / "h200" / "per_check.json").read_text())
+        sys.stdout.write("\n".join(render_headline(data)) + "\n")
+        return 0
+    if argv:
+        raise SystemExit("usage: python -m bench.report [--readme-table]")
+    sys.stdout.write(render())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
