@@ -16,7 +16,9 @@ from .checkpoint import load_weights, read_config, save_checkpoint
 from .config import FAST_DLLM_V2, NLD, PRESETS, ModelConfig, preset
 from .fast_dllm_v2 import FastDLLMv2
 from .nld import NemotronLabsDiffusion
-from .transformer import BlockDiffusionLM, PrefixCache, init_weights
+from .cache import PrefixCache
+from .layers import init_weights
+from .transformer import BlockDiffusionLM
 
 __all__ = ["build", "from_config", "from_pretrained", "from_hf", "PRESETS", "ModelConfig", "PrefixCache",
            "BlockDiffusionLM", "FastDLLMv2", "NemotronLabsDiffusion"]
