@@ -16,12 +16,14 @@ from .checkpoint import load_weights, read_config, save_checkpoint
 from .config import FAST_DLLM_V2, NLD, PRESETS, ModelConfig, preset
 from .fast_dllm_v2 import FastDLLMv2
 from .nld import NemotronLabsDiffusion
+from .protocol import DecodingModel, StaticCacheModel, VerifyForward
 from .cache import PrefixCache
 from .layers import init_weights
 from .transformer import BlockDiffusionLM
 
 __all__ = ["build", "from_config", "from_pretrained", "from_hf", "PRESETS", "ModelConfig", "PrefixCache",
-           "BlockDiffusionLM", "FastDLLMv2", "NemotronLabsDiffusion"]
+           "BlockDiffusionLM", "FastDLLMv2", "NemotronLabsDiffusion", "DecodingModel", "StaticCacheModel",
+           "VerifyForward"]
 
 _CLASSES = {FAST_DLLM_V2: FastDLLMv2, NLD: NemotronLabsDiffusion}
 
@@ -30,9 +32,9 @@ def from_config(config: ModelConfig, device: str | torch.device | None = None, s
                 fuse_projections: bool = True) -> BlockDiffusionLM:
     """Instantiate a model; weights are seeded random (skipped on the meta device or with seed=None).
 
-    ``fuse_projections`` (default): q/k/v and gate/up as one GEMM each (``model.fuse_projections()``;
-    measured on the H200, docs/results.md "Fused projections"); the seeded weights and the state_dict names are
-    the same either way. ``False`` keeps the part modules (``self_attn.q_proj``, ...)."""
+    ``fuse_projections`` (default): q/k/v and gate/up as one GEMM each (``model.fuse_projections()``: two
+    launches a layer instead of five); the seeded weights and the state_dict names are the same either
+    way. ``False`` keeps the part modules (``self_attn.q_proj``, ...)."""
     device = torch.device(device or "cpu")
     with torch.device(device):
         model = _CLASSES[config.family](config)
