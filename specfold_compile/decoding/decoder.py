@@ -145,14 +145,15 @@ class _Scoring:
         return commit(state, conf, tok, self.mask_id, self.sub_block_size, self.threshold, self.inclusive)
 
 
-def _verify(model, rows: torch.Tensor, parents: list[int], cache, mask_id: int, all_logits: bool,
-            graphs: VerifyGraphs | None = None, scoring: _Scoring | None = None,
+def _verify(model: VerifyForward | DecodingModel, rows: torch.Tensor, parents: list[int], cache, mask_id: int,
+            all_logits: bool, graphs: VerifyGraphs | None = None, scoring: _Scoring | None = None,
             device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One verification call -> per-position ``(conf, tok)`` [N, B] on the CPU. Unless ``all_logits``, the
     model computes the logits of the masked positions only; the other positions get conf 0 and the mask
     token, which nothing reads (commits and drafts only look at masked positions). ``graphs``: the call
     is a CUDA graph replay (``VerifyGraphs``). ``scoring``: the decode's (None: ``generate``'s default
-    confidences for this model); ``device``: the model's (None: the cache keys')."""
+    confidences, read from ``model.config``: a ``DecodingModel`` then); ``device``: the model's (None: the
+    cache keys')."""
     if scoring is None:
         rules = model.config.decoding_rules
         scoring = _Scoring(mask_id, None, DEFAULTS.threshold, DEFAULTS.confidence_dtype, rules.argmax_of_probs,
@@ -347,8 +348,8 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
     from prompt to prompt. Same tokens as launched calls, up to the kernels' rounding (except that a
     SpecFold-compiled model folds captured calls while its launched ones run the plain graph, by
     default); block writes replay too (``VerifyGraphs(model, capture_writes=False)`` launches them),
-    the prompt's prefill stays launched. A launched call is host-bound on the H200 (docs/results.md
-    "Launched calls"), so this is where the forward's GPU speed, and SpecFold's folding, reach the loop.
+    the prompt's prefill stays launched. A launched call is host-bound on the H200 (``cuda_graphs``'
+    module docstring), so this is where the forward's GPU speed, and SpecFold's folding, reach the loop.
     """
     _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes, all_logits,
               confidence_dtype)
