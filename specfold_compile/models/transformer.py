@@ -29,8 +29,8 @@ class BlockDiffusionLM(PrefixCacheMethods, SequenceForward, nn.Module):
 
     Subclasses provide ``backbone`` (a ``Backbone``: embed_tokens, layers, norm), ``rotary`` (callable
     positions -> (cos, sin) [S, D]) and ``head(h)``; the checkpoint names follow from where they live.
-    The prefill and block writes are ``cache.PrefixCacheMethods``', the training forward
-    ``sequence.SequenceForward``'s.
+    The prefill and block writes come from ``cache.PrefixCacheMethods``, the training forward from
+    ``sequence.SequenceForward``.
     """
 
     config: ModelConfig
