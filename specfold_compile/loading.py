@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from . import json_input, models
+from .models.prompting import PROMPT_FORMAT_FILE
 
 # The shipped trained model; used when no model is given.
 DEFAULT_MODEL_DIR = Path(__file__).parent / "assets" / "specfold-tiny"
@@ -64,7 +65,7 @@ def prompt_style(folder: Path | None, chat_template: bool = True) -> str:
     no prompt format to fall back on is a ValueError naming what to install."""
     if folder is None:
         return "raw"
-    has_format = (folder / "prompt_format.json").is_file()
+    has_format = (folder / PROMPT_FORMAT_FILE).is_file()
     if chat_template and has_chat_template(folder):
         if importlib.util.find_spec("transformers") is not None:
             return "chat_template"
@@ -88,18 +89,10 @@ def resolve_draft_graph(model_spec: str | None, draft_graph: str | None) -> str 
 def _from_dir(path: Path, device: str, dtype: torch.dtype | None, chat_template: bool = True):
     style = prompt_style(path, chat_template)  # first: a template that cannot be applied fails before loading
     model = models.from_pretrained(path, device=device, dtype=dtype)
-    model.prompt_format = _prompt_format(path / "prompt_format.json") if style == "prompt_format" else None
+    if style != "prompt_format":  # encode applies the chat template, or the raw text
+        model.prompt_format = None
     model.chat_tokenizer = _chat_tokenizer(path) if style == "chat_template" else None
     return model
-
-
-def _prompt_format(file: Path) -> str:
-    """The prompt template of our trained checkpoints (e.g. ``"<|bos|>{prompt}<|sep|>"``)."""
-    data = json_input.load_file(file, "prompt_format.json: file")
-    template = data.get("prompt") if isinstance(data, dict) else None
-    if not isinstance(template, str) or "{prompt}" not in template:
-        raise ValueError(f"prompt_format.json: 'prompt' must be a string containing {{prompt}}, got {template!r}")
-    return template
 
 
 def _chat_tokenizer(path: Path):

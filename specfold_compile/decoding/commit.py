@@ -1,4 +1,4 @@
-"""The greedy threshold commit rule (SPEC.md section 1) and the confidence ranking used by drafts.
+"""The greedy threshold commit rule (docs/SPEC.md section 1) and the confidence ranking used by drafts.
 
 All bookkeeping here runs on small CPU tensors: a block state is an int64 tensor ``[B]`` holding
 ``mask_token_id`` at still-masked positions (``block_finished`` also takes it as a list of ints, as the

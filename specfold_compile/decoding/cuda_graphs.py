@@ -1,8 +1,8 @@
 """CUDA graphs in the decode loop: each verification shape is captured once and replayed.
 
-Why: launched from the host, a verification call is host-bound on the H200's host (docs/results.md "Launched
-calls": 10-29 ms dense under Inductor, 34-58 ms folded, against 2-15 ms of GPU time), so a loop that
-launches its calls gets neither the forward's GPU speed nor SpecFold's gain; replays get both.
+Why: launched from the host, a verification call is host-bound on the H200's host (measured at the 1.5B
+and 7B shapes: 10-29 ms a call dense under Inductor, 34-58 ms folded, against 2-15 ms of GPU time), so a
+loop that launches its calls gets neither the forward's GPU speed nor SpecFold's gain; replays get both.
 
 What makes a call replayable is that every tensor it reads keeps its address and shape. The prefix
 cache is static (``model.static_cache``: fixed capacity, its length on the device, block writes in
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..models.protocol import StaticCacheModel, VerifyForward
 from .dynamic import mark_dynamic_keys, mark_dynamic_shapes
 
 __all__ = ["VerifyGraphs", "logit_rows_bucket", "add_cuda_graphs_argument", "check_cuda_graphs_argument",
@@ -75,10 +76,15 @@ class VerifyGraphs:
     replays its block writes too (``write_block``); False launches them (in place, through the window).
     ``windows``: the smallest attention window in keys (module docstring; windows double from it up to
     the capacity); None: every call reads the whole capacity (the bisect switch).
+
+    ``model`` keeps the static cache and writes the blocks; ``forward``, the verification call that is
+    captured, is the model itself by default, or a compiled forward of it (``generate(mode="specfold")``
+    passes ``torch.compile(model, backend="specfold")`` here). A ``torch.compile``'d model passed as
+    ``model`` serves as both (``models.protocol``).
     """
 
-    def __init__(self, model, replay: str = "cuda", capture_writes: bool = True,
-                 windows: int | None = CAPACITY_STEP):
+    def __init__(self, model: StaticCacheModel, replay: str = "cuda", capture_writes: bool = True,
+                 windows: int | None = CAPACITY_STEP, forward: VerifyForward | None = None):
         if replay not in REPLAYS:
             raise ValueError(f"replay: expected one of {REPLAYS}, got {replay!r}")
         if not isinstance(capture_writes, bool):
@@ -86,7 +92,10 @@ class VerifyGraphs:
         if windows is not None and (isinstance(windows, bool) or not isinstance(windows, int) or windows < 2):
             raise ValueError(f"windows: expected None or an int >= 2 (the smallest window in keys), "
                              f"got {windows!r}")
+        if forward is not None and not callable(forward):
+            raise TypeError(f"forward: expected None or a callable verification forward, got {type(forward).__name__}")
         self.model = model
+        self.forward = model if forward is None else forward
         self.replay = replay
         self.capture_writes = capture_writes
         self.windows = windows
@@ -105,10 +114,9 @@ class VerifyGraphs:
         """The static cache holding ``cache``'s prefix (a prefill's), with room for ``needed`` keys: the
         buffers already captured on if large enough (graphs stay valid), else new buffers of ``needed``
         rounded up to CAPACITY_STEP, plus one spare key (graphs dropped)."""
-        base = getattr(self.model, "_orig_mod", self.model)  # a torch.compile'd model's module
         reusable = self.cache is not None and self.cache.keys[0].device == cache.keys[0].device
         if reusable and self.cache.capacity - 1 >= needed:
-            return base.static_cache(cache, out=self.cache)
+            return self.model.static_cache(cache, out=self.cache)
         self.graphs.clear()
         self.write_graphs.clear()
         self._windows.clear()
@@ -116,7 +124,7 @@ class VerifyGraphs:
         # One spare key: every window, the largest included, is then a strided view of the buffers, so a
         # compiled model traces one set of strides for all of them (a contiguous whole buffer next to
         # strided windows would cost a second compile of every graph).
-        self.cache = base.static_cache(cache, capacity + 1)
+        self.cache = self.model.static_cache(cache, capacity + 1)
         return self.cache
 
     def window_keys(self, needed: int) -> int:
@@ -185,18 +193,17 @@ class VerifyGraphs:
         copy out of the pool. Returns ``cache``."""
         if cache is not self.cache:
             raise ValueError("cache: expected the static cache returned by attach")
-        base = getattr(self.model, "_orig_mod", self.model)
-        p, s, causal = base.check_block(cache, block_tokens, None, compiled)
+        p, s, causal = self.model.check_block(cache, block_tokens, None, compiled)
         window, view = self.window(p + s)  # the block's keys are written after the prefix's
         if not self.capture_writes:
             mark_dynamic_keys(view)  # one compiled write for every window
-            base.write_block(view, block_tokens, causal, compiled)
+            self.model.write_block(view, block_tokens, causal, compiled)
             cache.next_logits, cache.static_length = view.next_logits, p + s
             return cache
         key = (s, causal, compiled, window)
         graph = self.write_graphs.get(key)
         if graph is None:
-            append = base.compiled_method("append_block_static") if compiled else base.append_block_static
+            append = self.model.compiled_method("append_block_static") if compiled else self.model.append_block_static
             tokens = block_tokens.clone()  # the graph's input buffer
             mark_dynamic_keys(view)
 
@@ -222,8 +229,8 @@ class VerifyGraphs:
 
         def call():
             if graph.positions is None:
-                return self.model(graph.tokens, graph.parents, view)
-            return self.model(graph.tokens, graph.parents, view, logit_positions=graph.positions)
+                return self.forward(graph.tokens, graph.parents, view)
+            return self.forward(graph.tokens, graph.parents, view, logit_positions=graph.positions)
 
         graph.logits, graph.replay = self._record(call, tokens.device)
         return graph
@@ -266,14 +273,16 @@ def _needs_another_device(replay: str | None, device: str) -> bool:
     return replay == "cuda" and torch.device(device).type != "cuda"
 
 
-def graphs_for_cli(replay: str | None, target, device: str) -> VerifyGraphs | None:
-    """A ``VerifyGraphs`` of ``target`` for ``--cuda-graphs REPLAY`` (None: launched calls)."""
+def graphs_for_cli(replay: str | None, target, device: str, forward: VerifyForward | None = None
+                   ) -> VerifyGraphs | None:
+    """A ``VerifyGraphs`` of ``target`` (and its verification ``forward``, see ``VerifyGraphs``) for
+    ``--cuda-graphs REPLAY`` (None: launched calls)."""
     if replay is None:
         return None
     if _needs_another_device(replay, device):
         raise ValueError(f"cuda_graphs: 'cuda' needs a CUDA device, got device {device!r} ('eager' runs the "
                          f"same loop without graphs)")
-    return VerifyGraphs(target, replay=replay)
+    return VerifyGraphs(target, replay=replay, forward=forward)
 
 
 def check_cuda_graphs_argument(parser, replay: str | None, device: str) -> None:

@@ -1,17 +1,11 @@
-"""Vanilla and Spiffy block-diffusion decoding (SPEC.md sections 1 and 3, property P5).
+"""Vanilla, Spiffy and SpecFold block-diffusion decoding (docs/SPEC.md sections 1 and 3, property P5).
 
-Model interface (see ``specfold_compile.models``): ``model.config`` (``block_size``, ``sub_block_size``,
-``mask_token_id``, ``eos_token_id``, ``vocab_size``, ``max_position_embeddings``, ``decoding_rules``: the
-family's ``models.config.DecodingRules``), ``model.prefill(prompt_ids) -> cache`` with
-``cache.next_logits`` ([V], predicts the next block's seed; ``block_causal=True`` is passed for a family
-whose blocks sit on the absolute grid, and its prompt may be empty: the empty cache, no forward),
-``model(tokens[N, B], parents[N], cache,
-logit_positions=P) -> logits[M, V]`` (rows independent, row 0 = main; ``P`` int64 [M] flat positions
-``n * B + p``, the masked ones: the only logits the commit rule and the drafts read; ``all_logits=True``
-calls ``model(tokens, parents, cache) -> logits[N, B, V]`` instead) and ``model.write_block(cache,
-block) -> cache``.
-Each of the three counts one NFE (an empty prefill none). With ``compile_writes=True`` the decoder passes
-``compiled=True`` to ``prefill`` and ``write_block``. Where the prompt goes: ``prompt_layout``.
+Model interface: ``models.protocol.DecodingModel`` (``config``, ``prefill``, the verification call,
+``write_block``). The verification call gets ``logit_positions`` (int64 [M] flat positions ``n * B + p``,
+the masked ones: the only logits the commit rule and the drafts read; rows independent, row 0 = main)
+unless ``all_logits=True``. A prefill (an empty one: none), a verification call and a block write count
+one NFE each. Where the prompt goes: ``prompt_layout``. SpecFold decodes as Spiffy does with the
+verification forward compiled by the ``specfold`` backend (``specfold.specfold_forward``).
 
 Spiffy bookkeeping. Let ``L`` be the logits of the state whose commit produced the current main state
 ``X`` (``X = commit(X_prev, L)`` is exact, vanilla would verify it next). One call verifies ``[X] +
@@ -26,7 +20,6 @@ last accepted row, or a state the dedup merged into an earlier row.)
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -36,12 +29,14 @@ from .commit import block_finished, commit, confidence
 from .cuda_graphs import VerifyGraphs
 from .defaults import CONFIDENCE_DTYPES, DEFAULTS
 from .dynamic import mark_dynamic_shapes
-from .graph import DraftGraph, build_drafts, default_draft_graph, load_draft_graph
+from .graph import build_drafts, default_draft_graph, load_draft_graph
+from ..models.protocol import DecodingModel, VerifyForward
 from .prompt_layout import layout_prompt
+from .specfold import verification_forward
 
 __all__ = ["generate", "GenerateResult", "StepStats", "record_traces", "mark_dynamic_shapes", "MODES"]
 
-MODES = ("vanilla", "spiffy")
+MODES = ("vanilla", "spiffy", "specfold")
 
 
 @dataclass
@@ -150,14 +145,15 @@ class _Scoring:
         return commit(state, conf, tok, self.mask_id, self.sub_block_size, self.threshold, self.inclusive)
 
 
-def _verify(model, rows: torch.Tensor, parents: list[int], cache, mask_id: int, all_logits: bool,
-            graphs: VerifyGraphs | None = None, scoring: _Scoring | None = None,
+def _verify(model: VerifyForward | DecodingModel, rows: torch.Tensor, parents: list[int], cache, mask_id: int,
+            all_logits: bool, graphs: VerifyGraphs | None = None, scoring: _Scoring | None = None,
             device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One verification call -> per-position ``(conf, tok)`` [N, B] on the CPU. Unless ``all_logits``, the
     model computes the logits of the masked positions only; the other positions get conf 0 and the mask
     token, which nothing reads (commits and drafts only look at masked positions). ``graphs``: the call
     is a CUDA graph replay (``VerifyGraphs``). ``scoring``: the decode's (None: ``generate``'s default
-    confidences for this model); ``device``: the model's (None: the cache keys')."""
+    confidences, read from ``model.config``: a ``DecodingModel`` then); ``device``: the model's (None: the
+    cache keys')."""
     if scoring is None:
         rules = model.config.decoding_rules
         scoring = _Scoring(mask_id, None, DEFAULTS.threshold, DEFAULTS.confidence_dtype, rules.argmax_of_probs,
@@ -196,16 +192,19 @@ def _verify(model, rows: torch.Tensor, parents: list[int], cache, mask_id: int, 
     return conf.view(rows.shape), tok.view(rows.shape)
 
 
-def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, graph, stop_at_eos,
+def _decode(model: DecodingModel, prompt_ids, mode, max_new_tokens, threshold, draft_budget, graph, stop_at_eos,
             trace=None, compile_writes=False, all_logits=False, graphs: VerifyGraphs | None = None,
-            confidence_dtype: str = DEFAULTS.confidence_dtype) -> GenerateResult:
+            confidence_dtype: str = DEFAULTS.confidence_dtype, forward: VerifyForward | None = None
+            ) -> GenerateResult:
+    """The decode loop; ``forward``: the verification call (None: ``model`` itself)."""
+    forward = model if forward is None else forward
     B, sb, mask_id, eos_id = _model_consts(model)
     rules = model.config.decoding_rules
     layout = layout_prompt(prompt_ids, B, rules.prompt_on_block_grid)
     layout.check_positions(max_new_tokens, int(model.config.max_position_embeddings))  # before any forward
     scoring = _Scoring(mask_id, sb, threshold, confidence_dtype, rules.argmax_of_probs, rules.threshold_inclusive)
     eos = eos_id if stop_at_eos else None
-    spiffy = mode == "spiffy" and draft_budget > 0 and graph is not None and len(graph) > 0
+    spiffy = mode != "vanilla" and draft_budget > 0 and graph is not None and len(graph) > 0
     writes = {"compiled": True} if compile_writes else {}  # other models' prefill need not take it
     device = prompt_ids.device
     t0 = time.perf_counter()
@@ -246,7 +245,7 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
                 rows = X.unsqueeze(0)
                 parents = [-1]
             # traces record every position's confidence: all logits there
-            conf, tok = _verify(model, rows, parents, cache, mask_id, all_logits or tb is not None, graphs, scoring,
+            conf, tok = _verify(forward, rows, parents, cache, mask_id, all_logits or tb is not None, graphs, scoring,
                                 device)
             nfe += 1
             if tb is not None:
@@ -292,17 +291,22 @@ def _decode(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, gr
     return result
 
 
-def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla",
+def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanilla",
              max_new_tokens: int = DEFAULTS.max_new_tokens, threshold: float = DEFAULTS.threshold,
              draft_budget: int = DEFAULTS.draft_budget, draft_graph=None,
              stop_at_eos: bool = True, compile_writes: bool = False, all_logits: bool = False,
              cuda_graphs: bool | VerifyGraphs = False,
-             confidence_dtype: str = DEFAULTS.confidence_dtype) -> GenerateResult:
+             confidence_dtype: str = DEFAULTS.confidence_dtype, tau: float | None = None,
+             specfold_options: dict | None = None) -> GenerateResult:
     """Greedy block-diffusion decoding of ``prompt_ids`` (1-D int64). Defaults: ``decoding.DEFAULTS``.
 
     ``mode="vanilla"``: one forward per denoising step. ``mode="spiffy"``: each forward also verifies up
     to ``draft_budget`` draft states from ``draft_graph`` (a path, dict or ``DraftGraph``; ``None`` ->
-    ``default_draft_graph(block_size)``); the output tokens equal vanilla's (P5).
+    ``default_draft_graph(block_size)``); the output tokens equal vanilla's (P5). ``mode="specfold"``:
+    Spiffy's calls through the verification forward compiled with the ``specfold`` backend at ``tau``
+    (None: the backend's default) and backend ``specfold_options`` (e.g. ``{"kernels": "torch"}``), kept
+    per model and options (``specfold_forward``); at ``tau=0`` it decodes Spiffy's tokens (float32, up to
+    near-ties). Prefill and block writes stay the model's (``compile_writes``: default backend).
 
     The prompt is laid out as the family's reference ``generate`` lays it out
     (``model.config.decoding_rules``, ``prompt_layout``): Fast-dLLM v2 on the absolute block grid, its
@@ -344,18 +348,21 @@ def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla",
     from prompt to prompt. Same tokens as launched calls, up to the kernels' rounding (except that a
     SpecFold-compiled model folds captured calls while its launched ones run the plain graph, by
     default); block writes replay too (``VerifyGraphs(model, capture_writes=False)`` launches them),
-    the prompt's prefill stays launched. A launched call is host-bound on the H200 (docs/results.md
-    "Launched calls"), so this is where the forward's GPU speed, and SpecFold's folding, reach the loop.
+    the prompt's prefill stays launched. A launched call is host-bound on the H200 (``cuda_graphs``'
+    module docstring), so this is where the forward's GPU speed, and SpecFold's folding, reach the loop.
     """
     _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes, all_logits,
               confidence_dtype)
+    forward = verification_forward(model, mode, tau, specfold_options)
     if isinstance(cuda_graphs, VerifyGraphs):
-        if cuda_graphs.model is not model:  # the same module compiled otherwise (or eager) is another target
-            raise ValueError("cuda_graphs: this VerifyGraphs was made for another model (make one per model "
-                             "object passed to generate, compiled wrappers included)")
+        # the same module compiled otherwise (or eager) is another target
+        if cuda_graphs.model is not model or cuda_graphs.forward is not forward:
+            raise ValueError("cuda_graphs: this VerifyGraphs was made for another model or forward (make one per "
+                             "model object passed to generate, compiled wrappers included; mode='specfold': "
+                             "VerifyGraphs(model, forward=specfold_forward(model, tau, specfold_options)))")
         graphs = cuda_graphs
     elif isinstance(cuda_graphs, bool):
-        graphs = VerifyGraphs(model) if cuda_graphs else None
+        graphs = VerifyGraphs(model, forward=forward) if cuda_graphs else None
     else:
         raise TypeError(f"cuda_graphs: expected a bool or a VerifyGraphs, got {type(cuda_graphs).__name__}")
     if graphs is not None and graphs.replay == "cuda" and prompt_ids.device.type != "cuda":
@@ -363,17 +370,17 @@ def generate(model, prompt_ids: torch.Tensor, mode: str = "vanilla",
                          f"{prompt_ids.device}; VerifyGraphs(model, replay='eager') runs the same loop without graphs")
     B = int(model.config.block_size)
     graph = None
-    if mode == "spiffy":
+    if mode != "vanilla":
         graph = load_draft_graph(default_draft_graph(B) if draft_graph is None else draft_graph, B)
     elif draft_graph is not None:
         load_draft_graph(draft_graph, B)  # still reject a malformed graph
     with torch.inference_mode():
         return _decode(model, prompt_ids, mode, max_new_tokens, float(threshold), draft_budget, graph,
                        stop_at_eos, compile_writes=compile_writes, all_logits=all_logits, graphs=graphs,
-                       confidence_dtype=confidence_dtype)
+                       confidence_dtype=confidence_dtype, forward=forward)
 
 
-def record_traces(model, prompts, max_new_tokens: int = DEFAULTS.max_new_tokens,
+def record_traces(model: DecodingModel, prompts, max_new_tokens: int = DEFAULTS.max_new_tokens,
                   threshold: float = DEFAULTS.threshold, stop_at_eos: bool = True,
                   confidence_dtype: str = DEFAULTS.confidence_dtype) -> dict:
     """Run vanilla decoding on every prompt and record, per block, the state before each step and that

@@ -1,5 +1,5 @@
 """Where a prompt's tokens go before decoding: the prefill, the first block, and the positions the blocks
-of a generation occupy (the family's ``DecodingRules.prompt_on_block_grid``, SPEC.md section 1).
+of a generation occupy (the family's ``DecodingRules.prompt_on_block_grid``, docs/SPEC.md section 1).
 
 Fast-dLLM v2 (its reference ``generate``): blocks sit on the absolute grid ``[kB, kB + B)`` counted from
 the first prompt token. The prompt's whole blocks, its first ``floor(L / B) * B`` tokens, are prefilled in

@@ -12,14 +12,19 @@ from typing import Any
 
 import torch
 
+from .cache import PrefixCache
 from .checkpoint import load_weights, read_config, save_checkpoint
 from .config import FAST_DLLM_V2, NLD, PRESETS, ModelConfig, preset
 from .fast_dllm_v2 import FastDLLMv2
+from .layers import init_weights
 from .nld import NemotronLabsDiffusion
-from .transformer import BlockDiffusionLM, PrefixCache, init_weights
+from .prompting import apply_prompt_format, read_prompt_format
+from .protocol import DecodingModel, StaticCacheModel, VerifyForward
+from .transformer import BlockDiffusionLM
 
 __all__ = ["build", "from_config", "from_pretrained", "from_hf", "PRESETS", "ModelConfig", "PrefixCache",
-           "BlockDiffusionLM", "FastDLLMv2", "NemotronLabsDiffusion"]
+           "BlockDiffusionLM", "FastDLLMv2", "NemotronLabsDiffusion", "DecodingModel", "StaticCacheModel",
+           "VerifyForward"]
 
 _CLASSES = {FAST_DLLM_V2: FastDLLMv2, NLD: NemotronLabsDiffusion}
 
@@ -28,9 +33,9 @@ def from_config(config: ModelConfig, device: str | torch.device | None = None, s
                 fuse_projections: bool = True) -> BlockDiffusionLM:
     """Instantiate a model; weights are seeded random (skipped on the meta device or with seed=None).
 
-    ``fuse_projections`` (default): q/k/v and gate/up as one GEMM each (``model.fuse_projections()``;
-    measured on the H200, docs/results.md "Fused projections"); the seeded weights and the state_dict names are
-    the same either way. ``False`` keeps the part modules (``self_attn.q_proj``, ...)."""
+    ``fuse_projections`` (default): q/k/v and gate/up as one GEMM each (``model.fuse_projections()``: two
+    launches a layer instead of five); the seeded weights and the state_dict names are the same either
+    way. ``False`` keeps the part modules (``self_attn.q_proj``, ...)."""
     device = torch.device(device or "cpu")
     with torch.device(device):
         model = _CLASSES[config.family](config)
@@ -55,7 +60,11 @@ def build(name: str, *, device: str | torch.device | None = None, seed: int = 0,
 def from_pretrained(path: str | os.PathLike, *, device: str | torch.device | None = None,
                     dtype: torch.dtype | None = None, fuse_projections: bool = True) -> BlockDiffusionLM:
     """Load a local checkpoint directory (config.json + safetensors, sharded or not). The tokenizer, when
-    ``tokenizer.json`` is present, is attached as ``model.tokenizer`` (a ``tokenizers.Tokenizer``)."""
+    ``tokenizer.json`` is present, is attached as ``model.tokenizer`` (a ``tokenizers.Tokenizer``), and the
+    checkpoint's prompt format (``prompt_format.json``, our trained checkpoints' ``"<|bos|>{prompt}<|sep|>"``)
+    as ``model.prompt_format`` (None without one). The tokenizer applies the format itself:
+    ``model.tokenizer.encode(text).ids`` are the ids of the formatted prompt, what the model was trained to
+    answer; ``encode(text, add_special_tokens=False)`` the text's alone (``models.prompting``)."""
     path = Path(path)
     config = read_config(path, **({"dtype": dtype} if dtype is not None else {}))
     model = from_config(config, device="cpu", seed=None, fuse_projections=False)
@@ -63,10 +72,12 @@ def from_pretrained(path: str | os.PathLike, *, device: str | torch.device | Non
     if fuse_projections:  # after loading: the checkpoint's tensors are the parts', fused by one cat each
         model.fuse_projections()
     model.tokenizer = None
+    model.prompt_format = read_prompt_format(path)
     if (path / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
 
         model.tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        apply_prompt_format(model.tokenizer, model.prompt_format)
     model.name_or_path = str(path)
     return model.to(device or "cpu")
 

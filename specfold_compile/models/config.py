@@ -1,6 +1,6 @@
 """Model configuration: one dataclass for both families and named presets.
 
-Every value of a real checkpoint is read from its config.json (``config_json.from_hf_dict``, SPEC.md
+Every value of a real checkpoint is read from its config.json (``config_json.from_hf_dict``, docs/SPEC.md
 section 5); the presets below only mirror those files so random-weight models of the real shapes can be
 built without them. Every field is checked on construction (``config_checks.validate_config``).
 """

@@ -1,4 +1,4 @@
-"""config.json <-> ModelConfig, in each family's checkpoint layout (SPEC.md section 5).
+"""config.json <-> ModelConfig, in each family's checkpoint layout (docs/SPEC.md section 5).
 
 Reading (``from_hf_dict``) checks every value it uses; an error is one line naming config.json's key
 and what was expected. A missing key that fixes the model's structure is an error: the shapes, the block

@@ -10,7 +10,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .config import FAST_DLLM_V2, ModelConfig
-from .transformer import Backbone, BlockDiffusionLM, RotaryEmbedding
+from .layers import Backbone, RotaryEmbedding
+from .transformer import BlockDiffusionLM
 
 
 class FastDLLMv2(BlockDiffusionLM):

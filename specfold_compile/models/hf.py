@@ -34,7 +34,8 @@ import torch
 from torch import Tensor, nn
 
 from .config import FAMILIES, FAST_DLLM_V2, NLD, ModelConfig
-from .transformer import BlockDiffusionLM, DecoderLayer
+from .layers import DecoderLayer
+from .transformer import BlockDiffusionLM
 
 _SUPPORTED = ("Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -1,6 +1,6 @@
 """A minimal batched greedy vanilla decoder for the training self-check (no KV cache).
 
-Fast-dLLM v2 prompt handling on the absolute block grid (SPEC.md section 1), the layout the model is
+Fast-dLLM v2 prompt handling on the absolute block grid (docs/SPEC.md section 1), the layout the model is
 trained with (``layout.py``): blocks sit on positions ``[32k, 32k + 32)`` from the first prompt token.
 A prompt of ``L`` tokens has ``L // 32`` whole blocks (the prefill, block-causal); the first decoded
 block holds its last ``L mod 32`` tokens (fixed, never masked) followed by masks, or, when

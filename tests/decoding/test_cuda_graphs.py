@@ -2,7 +2,7 @@
 
 On the CPU the graphs are replayed eagerly (``replay="eager"``): the same static cache, input buffers,
 padded logit positions and one entry per shape, the model called again where a GPU replays the capture.
-The capture itself runs on the GPU machine (``bench/gpu_session.sh``'s decode-loop part)."""
+The capture itself needs a CUDA device (the benchmarks' decode-loop suite runs it)."""
 
 import contextlib
 

@@ -13,7 +13,7 @@ def prompt(*xs):
 
 
 def literal_vanilla(model, p, max_new, threshold, stop_at_eos):
-    """SPEC section 1 read literally: every block decoded until no mask is left; the prompt laid out as
+    """docs/SPEC.md section 1 read literally: every block decoded until no mask is left; the prompt laid out as
     the model's family does (``grid``: whole prompt blocks prefilled, the tail opening the first block)."""
     cfg = model.config
     B, rules = cfg.block_size, cfg.decoding_rules

@@ -1,12 +1,7 @@
-"""P5 on the real tiny models (random weights, float32, CPU). Skipped only if the models cannot be imported."""
+"""P5 on the real tiny models (random weights, float32, CPU)."""
 
 import pytest
 import torch
-
-try:
-    from specfold_compile.models import build
-except Exception as e:  # pragma: no cover - models being written alongside
-    pytest.skip(f"specfold_compile.models unavailable: {e}", allow_module_level=True)
 
 from specfold_compile.decoding import calibrate, generate, load_draft_graph, record_traces
 

@@ -16,7 +16,7 @@ from specfold_compile.models.config_json import from_hf_dict, to_hf_dict
 # Fast-dLLM v2's real config.json omits two keys on purpose (see FAST_1P5B); _read records the warnings.
 pytestmark = pytest.mark.filterwarnings("ignore:config.json. no ")
 
-# The shapes of the published checkpoints' config.json (SPEC.md section 5): Fast-dLLM v2 keeps Qwen2.5's
+# The shapes of the published checkpoints' config.json (docs/SPEC.md section 5): Fast-dLLM v2 keeps Qwen2.5's
 # keys plus bd_size (mask id, sub-block and stop token are arguments of the authors' generate);
 # NLD's holds its block size, mask id and YaRN / Llama-4 rope parameters.
 FAST_1P5B = {

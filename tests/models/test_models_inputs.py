@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specfold_compile.models import build
-from specfold_compile.models.transformer import PrefixCache
+from specfold_compile.models.cache import PrefixCache
 from specfold_compile.reference import folded_verify
 
 

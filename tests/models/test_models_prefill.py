@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from models_testutil import FAMILY_PRESETS, assert_close, random_tree
 from specfold_compile.models import build
-from specfold_compile.models.transformer import block_causal_mask
+from specfold_compile.models.cache import block_causal_mask
 
 _MODELS: dict = {}
 

@@ -1,4 +1,4 @@
-"""Presets: the SPEC section 5 shapes on the meta device, overrides, unknown names."""
+"""Presets: the docs/SPEC.md section 5 shapes on the meta device, overrides, unknown names."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 from specfold_compile.models import PRESETS, build
 
-# SPEC.md section 5: layers, hidden, q heads, kv heads, FFN, vocab, mask id (head dim 128 everywhere)
+# docs/SPEC.md section 5: layers, hidden, q heads, kv heads, FFN, vocab, mask id (head dim 128 everywhere)
 SPEC_SHAPES = {
     "fast-dllm-v2-1.5b": (28, 1536, 12, 2, 8960, 151936, 151665),
     "fast-dllm-v2-7b": (28, 3584, 28, 4, 18944, 152064, 151665),

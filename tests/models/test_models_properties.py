@@ -1,4 +1,4 @@
-"""SPEC section 3, P1-P4, for both families through ``reference.folded_verify``, plus a cross-check of
+"""docs/SPEC.md section 3, P1-P4, for both families through ``reference.folded_verify``, plus a cross-check of
 the verification forward (``specfold::branch_attention``) against ``forward_sequence`` (SDPA + mask)."""
 from __future__ import annotations
 

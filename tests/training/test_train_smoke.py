@@ -5,7 +5,6 @@ transformers with the prompt format as chat template, the self-check runs."""
 import json
 
 import pytest
-import torch
 
 from specfold_compile.tasks import format_prompt
 from specfold_compile.training.train import main
