@@ -109,7 +109,7 @@ def threshold(text: str) -> float:
 
 def tau(text: str) -> float:
     """A fold threshold, as the backend accepts it (``SpecFoldSettings``)."""
-    from .backend.settings import SpecFoldSettings  # noqa: PLC0415
+    from ..backend.settings import SpecFoldSettings  # noqa: PLC0415
 
     try:
         value = float(text)
@@ -212,8 +212,8 @@ def require_module(module: str, purpose: str, extra: str, alternative: str = "")
 def model_config(spec: str | None, arg: str = "--model"):
     """The ModelConfig behind ``--model`` (a checkpoint directory's config.json, a preset, or the shipped
     model), read without loading weights."""
-    from . import models  # noqa: PLC0415
-    from .loading import DEFAULT_MODEL_DIR, default_model_available  # noqa: PLC0415
+    from .. import models  # noqa: PLC0415
+    from ..loading import DEFAULT_MODEL_DIR, default_model_available  # noqa: PLC0415
 
     if spec in (None, "default"):
         return models.read_config(DEFAULT_MODEL_DIR) if default_model_available() else models.PRESETS[
@@ -235,7 +235,7 @@ def draft_graph(path: str | None, block_size: int, arg: str = "--draft-graph") -
     """The draft graph file exists and is valid for the model's block size."""
     if path is None:
         return
-    from .decoding import load_draft_graph  # noqa: PLC0415
+    from ..decoding import load_draft_graph  # noqa: PLC0415
 
     try:
         load_draft_graph(path, block_size)
@@ -246,7 +246,7 @@ def draft_graph(path: str | None, block_size: int, arg: str = "--draft-graph") -
 def check_model_inputs(args) -> None:
     """Before anything loads, for the decoding commands: the model's config.json (weights untouched), the
     draft graph against its block size, and whether its chat template can be applied."""
-    from .loading import model_folder, prompt_style, resolve_draft_graph  # noqa: PLC0415
+    from ..loading import model_folder, prompt_style, resolve_draft_graph  # noqa: PLC0415
 
     cfg = model_config(args.model)
     draft_graph(resolve_draft_graph(args.model, args.draft_graph), cfg.block_size)
