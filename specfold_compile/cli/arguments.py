@@ -96,6 +96,17 @@ positive_int = int_at_least(1)
 nonnegative_int = int_at_least(0)
 
 
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
 def threshold(text: str) -> float:
     """A confidence threshold in (0, 1]."""
     try:
@@ -199,6 +210,19 @@ def output_dir(path: str | os.PathLike, arg: str) -> Path:
     """Make sure ``path`` is (or can be created as) a directory that accepts new files; created here."""
     path = Path(path)
     _check_writable_dir(path, arg)
+    return path
+
+
+def input_file(path: str | os.PathLike, arg: str) -> Path:
+    """Make sure ``path`` is a file that can be read."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{arg}: {str(path)!r} is a directory, expected a file")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise UsageError(f"{arg}: cannot read {str(path)!r} ({e.strerror or e})") from None
     return path
 
 

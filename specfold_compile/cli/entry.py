@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-from . import arguments
+from . import arguments, delegated
 from .cuda_graphs import add_cuda_graphs_argument, check_cuda_graphs_argument
 from .options import KERNELS, add_model_arguments
 
@@ -14,29 +14,6 @@ EPILOG = """User errors (a bad value, a missing file, an output that cannot be w
 package) print one line and exit with status 2 before any work; SPECFOLD_TRACEBACK=1 shows their
 traceback. Optional packages: specfold-compile[plot] (sweep.png), [hf] (chat templates through
 transformers), [triton] (--kernels triton); [all] installs every one."""
-
-# Commands whose parsers live with their code: (module:function, output arguments checked up front).
-DELEGATED = {
-    "calibrate": ("specfold_compile.decoding:calibrate_cli",
-                  (("--out", arguments.output_file), ("--traces-out", arguments.output_file))),
-    "eval": ("specfold_compile.cli.eval_commands:eval_cli", ()),
-    "sweep": ("specfold_compile.cli.eval_commands:sweep_cli", ()),
-    "train": ("specfold_compile.training:train_cli", (("--out", arguments.output_dir),)),
-}
-
-
-def check_delegated_outputs(command: str, rest: list[str]) -> None:
-    pairs = DELEGATED[command][1]
-    if not pairs or "-h" in rest or "--help" in rest:
-        return
-    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for flag, _ in pairs:
-        ap.add_argument(flag, default=None)
-    known, _ = ap.parse_known_args(rest)
-    for flag, check in pairs:
-        value = getattr(known, flag.lstrip("-").replace("-", "_"))
-        if value is not None:
-            check(value, flag)
 
 
 def add_decoding_arguments(p) -> None:
@@ -80,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=arguments.device, default="cpu")
     p.set_defaults(fn=cmd_dump, check=check_dump_inputs)
 
-    for name in DELEGATED:
+    for name in delegated.TARGETS:
         p = sub.add_parser(name, add_help=False, help=f"see `specfold {name} --help`")
         p.set_defaults(fn=None)
     return ap
@@ -93,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     prog = f"specfold {args.command}"
     with arguments.reporting_user_errors(prog), arguments.one_line_warnings():
         if args.fn is None:
-            check_delegated_outputs(args.command, rest)
-            module, func = DELEGATED[args.command][0].split(":")
+            delegated.check_arguments(args.command, rest)
+            module, func = delegated.TARGETS[args.command].split(":")
             return int(getattr(importlib.import_module(module), func)(rest) or 0)
         if rest:
             ap.error(f"unrecognized arguments: {' '.join(rest)}")

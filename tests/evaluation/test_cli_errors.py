@@ -110,6 +110,28 @@ def test_unwritable_outputs_fail_before_any_work(argv, expected, bad_files, no_l
     assert expected.replace("{tmp}", str(bad_files)) in _user_error(argv, capsys)
 
 
+@pytest.mark.parametrize("argv,expected", [
+    (["calibrate", "--prompts", "{tmp}/missing.txt"], "--prompts: cannot read '{tmp}/missing.txt' (No such file"),
+    (["calibrate", "--prompts", "{tmp}"], "--prompts: '{tmp}' is a directory, expected a file"),
+    (["calibrate", "--size", "0"], "argument --size: expected an int >= 1, got 0"),
+    (["calibrate", "--num-prompts", "x"], "argument --num-prompts: expected an int, got 'x'"),
+    (["calibrate", "--threshold", "2"], "argument --threshold: expected a number in (0, 1]"),
+    (["calibrate", "--device", "nosuchdevice"], "argument --device"),
+    (["calibrate", "--model", "{tmp}/missing"], "--model: '{tmp}/missing' is neither a checkpoint directory"),
+    (["train", "--minutes", "-1"], "argument --minutes: expected a finite number > 0, got '-1'"),
+    (["train", "--lr", "nan"], "argument --lr: expected a finite number > 0"),
+    (["train", "--batch-size", "0"], "argument --batch-size: expected an int >= 1, got 0"),
+    (["train", "--eval-n", "0"], "argument --eval-n: expected an int >= 1, got 0"),
+    (["train", "--device", "nosuchdevice"], "argument --device"),
+])
+def test_delegated_commands_check_values_and_inputs_first(argv, expected, bad_files, no_loading, capsys):
+    """calibrate and train keep their own parsers; specfold checks their values and inputs before handing
+    over, so these errors are one line and status 2 too."""
+    out = ["--out", "{tmp}/graph.json"] if argv[0] == "calibrate" else ["--out", "{tmp}/ckpt"]
+    argv = [a.replace("{tmp}", str(bad_files)) for a in argv + out]
+    assert expected.replace("{tmp}", str(bad_files)) in _user_error(argv, capsys)
+
+
 def test_missing_output_directory_is_created_first(tmp_path, monkeypatch, no_loading, capsys):
     """calibrate --out into a directory that does not exist yet: created before the traces are recorded
     (the write at the end cannot fail on it)."""
