@@ -3,6 +3,7 @@
 ``entry``          the command and its subcommands (``main``)
 ``arguments``      argument checks that run before any work, one-line user errors (status 2)
 ``options``        the arguments several commands share; ``cuda_graphs``: ``--cuda-graphs``
+``delegated``      calibrate and train (parsers of their own): their arguments checked before handing over
 ``generate``, ``demo``, ``dump``, ``eval_commands``: one command (or two) per file
 """
 

@@ -113,10 +113,12 @@ def findings(runs: dict[str, ModeRun], tau: float) -> list[str]:
     ]
 
 
-def gpu_lines(device: str, results_dir, model_label: str) -> list[str]:
+def gpu_lines(device: str, results_dir, model_label: str, replay: str | None = None) -> list[str]:
     on_gpu = torch.device(device).type == "cuda"
+    calls = ("calls replayed from CUDA graphs" if replay == "cuda" else
+             "launched calls (--cuda-graphs replays them, as the committed per-call numbers were measured)")
     lines = ["[the speed-up]"]
-    lines.append(f"measured above, on this GPU, with {model_label}" if on_gpu else
+    lines.append(f"measured above, on this GPU, with {model_label}, {calls}" if on_gpu else
                  "not shown on a CPU: the speed-up needs a GPU (run `specfold demo --device cuda`, or see the "
                  "committed GPU results below); the CPU tokens/s above are no measure of it")
     headline = gpu_headline(results_dir)
@@ -161,7 +163,8 @@ def cmd_demo(args) -> int:
     graphs: dict = {}  # --cuda-graphs: one VerifyGraphs per target, captured in the first pass
     runs = {mode: measure(model, prompt_ids, mode, args, specfold_model, graphs) for mode in MODES}
     for block in (table(list(runs.values()), device_name), findings(runs, args.tau),
-                  gpu_lines(args.device, args.gpu_results, model_label), texts(model, prompts, runs)):
+                  gpu_lines(args.device, args.gpu_results, model_label, args.cuda_graphs),
+                  texts(model, prompts, runs)):
         print()
         print("\n".join(block))
     return 0 if runs["spiffy"].outputs == runs["vanilla"].outputs else 1

@@ -84,3 +84,12 @@ def test_headline_of_the_committed_results_names_their_gpu():
     h = gpu_headline()
     versions = json.loads((RESULTS_DIR / "end_to_end.json").read_text())["versions"]
     assert not h.missing and h.hardware.startswith(versions["gpu"]) and len(h.lines) == 2
+
+
+def test_on_cuda_the_table_is_the_measure(results):
+    """On a GPU the demo's own table is the measurement; the committed results still follow it."""
+    lines = gpu_lines("cuda", results, "a model", "cuda")
+    assert lines[1] == "measured above, on this GPU, with a model, calls replayed from CUDA graphs"
+    assert not any("needs a GPU" in line for line in lines)
+    assert "[committed GPU results: Some GPU, torch 9.9, triton 8.8, driver 7.7]" in lines
+    assert "launched calls" in gpu_lines("cuda", results, "a model", None)[1]
