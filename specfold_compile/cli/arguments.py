@@ -96,26 +96,23 @@ positive_int = int_at_least(1)
 nonnegative_int = int_at_least(0)
 
 
-def positive_float(text: str) -> float:
-    """A finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
+def _number_where(holds, expected: str, name: str):
+    """An argparse type for a number for which ``holds(value)``; ``expected`` says which."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not holds(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    parse.__name__ = name
+    return parse
 
 
-def threshold(text: str) -> float:
-    """A confidence threshold in (0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
-    return value
+positive_float = _number_where(lambda v: math.isfinite(v) and v > 0, "a finite number > 0", "positive_float")
+threshold = _number_where(lambda v: 0.0 < v <= 1.0, "a number in (0, 1]", "threshold")  # a confidence threshold
 
 
 def tau(text: str) -> float:
