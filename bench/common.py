@@ -40,7 +40,7 @@ def versions() -> dict[str, Any]:
 def out_dir(default: str = "bench/results") -> Path:
     """The results directory, ``$OUT`` or ``default``: created, and checked to accept new files
     (``UsageError`` naming OUT otherwise)."""
-    from specfold_compile.arguments import output_dir  # noqa: PLC0415
+    from specfold_compile.cli.arguments import output_dir  # noqa: PLC0415
 
     return output_dir(os.environ.get("OUT") or default, "OUT")
 
@@ -48,7 +48,7 @@ def out_dir(default: str = "bench/results") -> Path:
 def check_output(parser, path: str, flag: str = "--out") -> None:
     """Before any measurement: ``path`` can be written (its directory exists or is created), else the
     parser's one-line error (status 2)."""
-    from specfold_compile.arguments import UsageError, output_file  # noqa: PLC0415
+    from specfold_compile.cli.arguments import UsageError, output_file  # noqa: PLC0415
 
     try:
         output_file(path, flag)

@@ -254,7 +254,7 @@ def merge_results(out: str | Path, inputs: list[str | Path]) -> Path:
 def main(argv: list[str]) -> Path:
     """``OUT [IN ...]``: merge the inputs into OUT (after what OUT already holds), then plot OUT
     (any plotted suite; the merged file takes the first input's suite)."""
-    from specfold_compile.arguments import output_file, require_module  # noqa: PLC0415
+    from specfold_compile.cli.arguments import output_file, require_module  # noqa: PLC0415
 
     out = Path(argv[0] if argv else "bench/results/per_check.json")
     require_module("matplotlib", "bench.plot", "plot")  # before any merge is written
@@ -268,7 +268,7 @@ def main(argv: list[str]) -> Path:
 
 
 if __name__ == "__main__":
-    from specfold_compile.arguments import UsageError, fail
+    from specfold_compile.cli.arguments import UsageError, fail
 
     try:
         print(main(sys.argv[1:]))

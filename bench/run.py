@@ -848,7 +848,7 @@ def main(argv=None) -> int:
         from specfold_compile.kernels import attention
 
         attention.ONE_PASS_MAX_PREFIX = args.one_pass_max_prefix
-    from specfold_compile.arguments import UsageError, require_module
+    from specfold_compile.cli.arguments import UsageError, require_module
 
     try:  # the results directory and the plots' package, before the measurements, not after them
         out = out_dir("/tmp/specfold-bench-dry" if args.cpu_dry_run else "bench/results")

@@ -39,8 +39,7 @@ from torch import Tensor
 from ..models.protocol import StaticCacheModel, VerifyForward
 from .dynamic import mark_dynamic_keys, mark_dynamic_shapes
 
-__all__ = ["VerifyGraphs", "logit_rows_bucket", "add_cuda_graphs_argument", "check_cuda_graphs_argument",
-           "graphs_for_cli", "MIN_LOGIT_ROWS", "CAPACITY_STEP", "REPLAYS"]
+__all__ = ["VerifyGraphs", "logit_rows_bucket", "MIN_LOGIT_ROWS", "CAPACITY_STEP", "REPLAYS"]
 
 MIN_LOGIT_ROWS = 16
 CAPACITY_STEP = 256   # static caches are allocated in multiples of this many keys, so prompts share graphs
@@ -259,34 +258,3 @@ class VerifyGraphs:
             out = call()
         cuda_graph.replay()  # the capture only recorded the kernels: run them for this call's output
         return out, cuda_graph.replay
-
-
-def add_cuda_graphs_argument(parser) -> None:
-    """The command line's ``--cuda-graphs [cuda|eager]`` (``specfold generate / demo / eval``)."""
-    parser.add_argument("--cuda-graphs", nargs="?", const="cuda", default=None, choices=REPLAYS,
-                        help="replay every verification call and block write from a CUDA graph (generate's "
-                             "cuda_graphs; needs --device cuda); 'eager': the same static-cache bookkeeping "
-                             "with the model called instead (CPU; bisecting a wrong result)")
-
-
-def _needs_another_device(replay: str | None, device: str) -> bool:
-    return replay == "cuda" and torch.device(device).type != "cuda"
-
-
-def graphs_for_cli(replay: str | None, target, device: str, forward: VerifyForward | None = None
-                   ) -> VerifyGraphs | None:
-    """A ``VerifyGraphs`` of ``target`` (and its verification ``forward``, see ``VerifyGraphs``) for
-    ``--cuda-graphs REPLAY`` (None: launched calls)."""
-    if replay is None:
-        return None
-    if _needs_another_device(replay, device):
-        raise ValueError(f"cuda_graphs: 'cuda' needs a CUDA device, got device {device!r} ('eager' runs the "
-                         f"same loop without graphs)")
-    return VerifyGraphs(target, replay=replay, forward=forward)
-
-
-def check_cuda_graphs_argument(parser, replay: str | None, device: str) -> None:
-    """``parser.error`` before anything loads when ``--cuda-graphs`` cannot run on ``--device``."""
-    if _needs_another_device(replay, device):
-        parser.error(f"--cuda-graphs: CUDA graphs need --device cuda, got --device {device} "
-                     f"(--cuda-graphs eager runs the same loop without graphs)")

@@ -8,7 +8,7 @@ import pytest
 
 import specfold_compile.loading
 from bench import head_hint, host_overhead, plot, project, run
-from specfold_compile.arguments import UsageError
+from specfold_compile.cli.arguments import UsageError
 
 
 @pytest.fixture

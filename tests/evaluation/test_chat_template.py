@@ -7,7 +7,6 @@ import json
 import shutil
 
 import pytest
-import torch
 
 from specfold_compile import loading
 from specfold_compile.cli import main

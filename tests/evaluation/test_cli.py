@@ -2,8 +2,10 @@
 import csv
 import json
 
+import pytest
+
 from specfold_compile.cli import main
-from specfold_compile.evaluation import RESULT_KEYS, sweep_columns
+from specfold_compile.eval import RESULT_KEYS, sweep_columns
 
 
 def test_eval_writes_schema_and_spiffy_is_lossless(tmp_path, capsys):
@@ -31,10 +33,10 @@ def test_eval_fold_head_reaches_the_backend(tmp_path, monkeypatch):
     """``--fold-head`` compiles SpecFold with options["fold_head"], asks it for every position's logits
     (the head gate runs on every row; with only the masked rows' logits it could not) and says so in the
     report. Without it, SpecFold gets the masked positions only."""
-    from specfold_compile import evaluation
+    from specfold_compile.eval import run
 
     seen, selected = [], []
-    original = evaluation.compiled_model
+    original = run.compiled_model
 
     class Spy:
         def __init__(self, inner):
@@ -51,7 +53,7 @@ def test_eval_fold_head_reaches_the_backend(tmp_path, monkeypatch):
         seen.append(fold_head)
         return Spy(original(model, tau, kernels, fold_head))
 
-    monkeypatch.setattr(evaluation, "compiled_model", recording)
+    monkeypatch.setattr(run, "compiled_model", recording)
     for flag, want in (([], False), (["--fold-head"], True)):
         out = tmp_path / f"eval_{want}.json"
         selected.clear()
@@ -65,8 +67,7 @@ def test_eval_fold_head_reaches_the_backend(tmp_path, monkeypatch):
 
 def test_spiffy_equals_vanilla_tokens():
     from specfold_compile.decoding import generate
-    from specfold_compile.evaluation import resolve_draft_graph
-    from specfold_compile.loading import encode, load_model
+    from specfold_compile.loading import encode, load_model, resolve_draft_graph
     from specfold_compile.tasks import sample
 
     model = load_model(None)
@@ -107,23 +108,47 @@ def test_generate_specfold_with_compiled_writes(capsys):
     assert compiled.split("\nmode=")[0] == plain.split("\nmode=")[0]
 
 
+def test_generate_times_a_warm_run_apart_from_the_compile(capsys):
+    """``specfold generate``'s time and tokens/s are a warm run's; what compiles reports its first run
+    apart (``first_run_s``, which holds the compile); an eager mode has nothing to compile and one run."""
+    args = ["generate", "--prompt", "3+4=", "--max-new-tokens", "24"]
+    assert main(args + ["--mode", "specfold"]) == 0
+    out, err = capsys.readouterr()
+    stats = dict(kv.split("=") for kv in out.split("\nmode=")[1].split()[1:])
+    assert float(stats["first_run_s"]) > float(stats["time"].rstrip("s"))  # the compile is not in time
+    assert float(stats["tokens/s"]) == pytest.approx(int(stats["tokens"]) / float(stats["time"].rstrip("s")), rel=0.05)
+    assert "first_run_s: the first run, which compiled" in err
+    assert main(args + ["--mode", "vanilla"]) == 0
+    assert "first_run_s" not in capsys.readouterr().out
+
+
+def test_verify_graphs_for_a_replay_name():
+    """The runner's ``cuda_graphs`` names: None launches, 'eager' replays through the model, 'cuda' needs
+    a CUDA device."""
+    from specfold_compile.eval import verify_graphs
+    from specfold_compile.models import build
+
+    model = build("tiny-fast-dllm-v2")
+    with pytest.raises(ValueError, match="cuda_graphs: 'cuda' needs a CUDA device, got device 'cpu'"):
+        verify_graphs("cuda", model, "cpu")
+    assert verify_graphs(None, model, "cpu") is None and verify_graphs("eager", model, "cpu").model is model
+
+
 def test_eval_folds_launched_calls(monkeypatch):
     """specfold eval measures what folding decodes: its compiled model folds launched calls too
     (options['fold_launched']), which on CUDA would otherwise run the plain graph."""
     import torch
 
-    from specfold_compile import evaluation
+    from specfold_compile.eval import compiled_model
 
     seen = {}
     monkeypatch.setattr(torch, "compile", lambda model, backend, options: seen.update(backend=backend, **options))
-    evaluation.compiled_model(object(), 0.1, "triton")
+    compiled_model(object(), 0.1, "triton")
     assert seen["backend"] == "specfold" and seen["fold_launched"] is True and seen["tau"] == 0.1
 
 
 def test_cuda_graphs_flag_needs_a_cuda_device(capsys):
     """``--cuda-graphs`` (CUDA replays) on ``--device cpu`` stops before loading, naming the argument."""
-    import pytest
-
     for argv in (["generate", "--prompt", "1+1=", "--cuda-graphs"], ["eval", "--limit", "1", "--cuda-graphs"]):
         with pytest.raises(SystemExit) as err:
             main(argv)
@@ -151,12 +176,12 @@ def test_eval_cuda_graphs_one_verify_graphs_per_target(tmp_path, monkeypatch):
     """``specfold eval --cuda-graphs eager``: every generate call gets a VerifyGraphs of its own target
     (vanilla and Spiffy share the eager model's, SpecFold has the compiled model's), the same object from
     the warm-up through the timed runs, and the report says which replay ran."""
-    from specfold_compile import evaluation
     from specfold_compile.decoding import VerifyGraphs
+    from specfold_compile.eval import run
 
     import specfold_compile.decoding as decoding
 
-    assert not hasattr(evaluation, "generate")  # evaluation imports it per call: the spy is what it calls
+    assert not hasattr(run, "generate")  # the runner imports it per call: the spy is what it calls
     seen = []
     real_generate = decoding.generate
 

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from specfold_compile import evaluation, loading
-from specfold_compile.cli import main
+from specfold_compile import loading
+from specfold_compile.cli import demo, dump, eval_commands, generate, main
+from specfold_compile.eval import SWEEP_FIDELITY_COLUMNS
 from specfold_compile.models import build
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -21,9 +22,8 @@ def no_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the arguments were checked")
 
-    for module in (loading, evaluation):
+    for module in (loading, eval_commands, generate, demo, dump):
         monkeypatch.setattr(module, "load_model", refuse)
-    monkeypatch.setattr("specfold_compile.cli.load_model", refuse)
     monkeypatch.setattr("specfold_compile.decoding.calibration._load_model", refuse)
     monkeypatch.setattr("specfold_compile.training.train.main", refuse)
 
@@ -110,6 +110,28 @@ def test_unwritable_outputs_fail_before_any_work(argv, expected, bad_files, no_l
     assert expected.replace("{tmp}", str(bad_files)) in _user_error(argv, capsys)
 
 
+@pytest.mark.parametrize("argv,expected", [
+    (["calibrate", "--prompts", "{tmp}/missing.txt"], "--prompts: cannot read '{tmp}/missing.txt' (No such file"),
+    (["calibrate", "--prompts", "{tmp}"], "--prompts: '{tmp}' is a directory, expected a file"),
+    (["calibrate", "--size", "0"], "argument --size: expected an int >= 1, got 0"),
+    (["calibrate", "--num-prompts", "x"], "argument --num-prompts: expected an int, got 'x'"),
+    (["calibrate", "--threshold", "2"], "argument --threshold: expected a number in (0, 1]"),
+    (["calibrate", "--device", "nosuchdevice"], "argument --device"),
+    (["calibrate", "--model", "{tmp}/missing"], "--model: '{tmp}/missing' is neither a checkpoint directory"),
+    (["train", "--minutes", "-1"], "argument --minutes: expected a finite number > 0, got '-1'"),
+    (["train", "--lr", "nan"], "argument --lr: expected a finite number > 0"),
+    (["train", "--batch-size", "0"], "argument --batch-size: expected an int >= 1, got 0"),
+    (["train", "--eval-n", "0"], "argument --eval-n: expected an int >= 1, got 0"),
+    (["train", "--device", "nosuchdevice"], "argument --device"),
+])
+def test_delegated_commands_check_values_and_inputs_first(argv, expected, bad_files, no_loading, capsys):
+    """calibrate and train keep their own parsers; specfold checks their values and inputs before handing
+    over, so these errors are one line and status 2 too."""
+    out = ["--out", "{tmp}/graph.json"] if argv[0] == "calibrate" else ["--out", "{tmp}/ckpt"]
+    argv = [a.replace("{tmp}", str(bad_files)) for a in argv + out]
+    assert expected.replace("{tmp}", str(bad_files)) in _user_error(argv, capsys)
+
+
 def test_missing_output_directory_is_created_first(tmp_path, monkeypatch, no_loading, capsys):
     """calibrate --out into a directory that does not exist yet: created before the traces are recorded
     (the write at the end cannot fail on it)."""
@@ -139,22 +161,33 @@ def test_sweep_needs_matplotlib_up_front_unless_no_plot(tmp_path, monkeypatch, n
     line = _user_error(["sweep", "--out-dir", str(tmp_path)], capsys)
     assert "sweep.png needs matplotlib (pip install 'specfold-compile[plot]'), or pass --no-plot" in line
     ran = []
-    monkeypatch.setattr(evaluation, "_sweep", lambda a: ran.append(a.no_plot) or 0)
+    monkeypatch.setattr(eval_commands, "run_sweep", lambda a: ran.append(a.no_plot) or 0)
     assert main(["sweep", "--out-dir", str(tmp_path), "--no-plot"]) == 0 and ran == [True]
+
+
+@pytest.mark.parametrize("argv", [["eval"], ["sweep", "--no-plot"], ["dump", "--out", "{tmp}/d"]])
+def test_triton_kernels_need_triton_up_front(argv, tmp_path, monkeypatch, no_loading, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    line = _user_error([a.replace("{tmp}", str(tmp_path)) for a in argv] + ["--kernels", "triton"], capsys)
+    assert line.endswith("--kernels triton needs triton (pip install 'specfold-compile[triton]'), or pass "
+                         "--kernels torch")
 
 
 def test_sweep_writes_its_measurements_before_the_plot(tmp_path, monkeypatch):
     """A plot that fails (matplotlib broken, a full disk) loses no measurement."""
     row = {"tau": 0.0, "accuracy_math": 1.0, "tokens_per_s": 1.0, "recompute_ratio": 1.0, "nfe": 2.0,
-           "accepted_per_call": 0.0, "n_per_task": 1, **{k: 1.0 for k in evaluation.SWEEP_FIDELITY_COLUMNS}}
+           "accepted_per_call": 0.0, "n_per_task": 1, **{k: 1.0 for k in SWEEP_FIDELITY_COLUMNS}}
     rep = {"rows": [row], "spiffy_accuracy": {"math": 1.0}, "warmup_seconds": {}, "fidelity_calls": {}}
-    monkeypatch.setattr(evaluation, "load_model", lambda *a, **k: build("tiny-fast-dllm-v2"))
-    monkeypatch.setattr(evaluation, "sweep", lambda *a, **k: rep)
+    monkeypatch.setattr(eval_commands, "load_model", lambda *a, **k: build("tiny-fast-dllm-v2"))
+    monkeypatch.setattr(eval_commands, "sweep", lambda *a, **k: rep)
 
     def broken(*args):
         raise RuntimeError("plotting failed")
 
-    monkeypatch.setattr(evaluation, "plot_sweep", broken)
+    monkeypatch.setattr(eval_commands, "plot_sweep", broken)
     with pytest.raises(RuntimeError, match="plotting failed"):
         main(["sweep", "--tasks", "math", "--taus", "0", "--out-dir", str(tmp_path), "--model", "tiny-fast-dllm-v2"])
     assert json.loads((tmp_path / "sweep.json").read_text())["rows"][0]["tau"] == 0.0

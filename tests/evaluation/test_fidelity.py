@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from specfold_compile.evaluation import FidelityRecorder, fidelity_positions, summarize_fidelity
+from specfold_compile.eval import FidelityRecorder, fidelity_positions, summarize_fidelity
 
 M = 0  # mask id
 

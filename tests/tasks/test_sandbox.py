@@ -8,6 +8,7 @@ sandbox, so a failure inside the sandbox is the sandbox's doing.
 import ast
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -337,18 +338,22 @@ def test_refuses_without_a_sandbox(monkeypatch, tmp_path):
         sandbox.require_sandbox()
 
 
-def test_eval_refuses_code_before_loading_the_model(monkeypatch):
-    from specfold_compile import evaluation
+def test_eval_refuses_code_before_loading_the_model(monkeypatch, capsys):
+    from specfold_compile.cli import eval_commands
 
     _unsafe(monkeypatch)
 
     def no_load(*a, **k):
         raise AssertionError("loaded the model")
 
-    monkeypatch.setattr(evaluation, "load_model", no_load)
-    for cli in (evaluation.eval_cli, evaluation.sweep_cli):
-        with pytest.raises(SystemExit, match="--tasks code: refusing .*--unsafe-run-code"):
+    monkeypatch.setattr(eval_commands, "load_model", no_load)
+    for cli in (eval_commands.eval_cli, eval_commands.sweep_cli):
+        with pytest.raises(SystemExit) as stop:  # a user error: one line, status 2
             cli(["--tasks", "math,code"])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and re.search(r"^specfold (eval|sweep): error: --tasks code: refusing .*--unsafe-run-code",
+                                           err[0]), err
         with pytest.raises(AssertionError, match="loaded the model"):  # the flag (or no code task) passes
             cli(["--tasks", "code", "--unsafe-run-code"])
         with pytest.raises(AssertionError, match="loaded the model"):

@@ -96,20 +96,28 @@ positive_int = int_at_least(1)
 nonnegative_int = int_at_least(0)
 
 
-def threshold(text: str) -> float:
-    """A confidence threshold in (0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
-    return value
+def _number_where(holds, expected: str, name: str):
+    """An argparse type for a number for which ``holds(value)``; ``expected`` says which."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not holds(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    parse.__name__ = name
+    return parse
+
+
+positive_float = _number_where(lambda v: math.isfinite(v) and v > 0, "a finite number > 0", "positive_float")
+threshold = _number_where(lambda v: 0.0 < v <= 1.0, "a number in (0, 1]", "threshold")  # a confidence threshold
 
 
 def tau(text: str) -> float:
     """A fold threshold, as the backend accepts it (``SpecFoldSettings``)."""
-    from .backend.settings import SpecFoldSettings  # noqa: PLC0415
+    from ..backend.settings import SpecFoldSettings  # noqa: PLC0415
 
     try:
         value = float(text)
@@ -202,6 +210,19 @@ def output_dir(path: str | os.PathLike, arg: str) -> Path:
     return path
 
 
+def input_file(path: str | os.PathLike, arg: str) -> Path:
+    """Make sure ``path`` is a file that can be read."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{arg}: {str(path)!r} is a directory, expected a file")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise UsageError(f"{arg}: cannot read {str(path)!r} ({e.strerror or e})") from None
+    return path
+
+
 def require_module(module: str, purpose: str, extra: str, alternative: str = "") -> None:
     """``purpose`` needs the optional package ``module`` (installed with ``specfold-compile[extra]``)."""
     if importlib.util.find_spec(module) is None:
@@ -212,8 +233,8 @@ def require_module(module: str, purpose: str, extra: str, alternative: str = "")
 def model_config(spec: str | None, arg: str = "--model"):
     """The ModelConfig behind ``--model`` (a checkpoint directory's config.json, a preset, or the shipped
     model), read without loading weights."""
-    from . import models  # noqa: PLC0415
-    from .loading import DEFAULT_MODEL_DIR, default_model_available  # noqa: PLC0415
+    from .. import models  # noqa: PLC0415
+    from ..loading import DEFAULT_MODEL_DIR, default_model_available  # noqa: PLC0415
 
     if spec in (None, "default"):
         return models.read_config(DEFAULT_MODEL_DIR) if default_model_available() else models.PRESETS[
@@ -235,7 +256,7 @@ def draft_graph(path: str | None, block_size: int, arg: str = "--draft-graph") -
     """The draft graph file exists and is valid for the model's block size."""
     if path is None:
         return
-    from .decoding import load_draft_graph  # noqa: PLC0415
+    from ..decoding import load_draft_graph  # noqa: PLC0415
 
     try:
         load_draft_graph(path, block_size)
@@ -246,7 +267,7 @@ def draft_graph(path: str | None, block_size: int, arg: str = "--draft-graph") -
 def check_model_inputs(args) -> None:
     """Before anything loads, for the decoding commands: the model's config.json (weights untouched), the
     draft graph against its block size, and whether its chat template can be applied."""
-    from .loading import model_folder, prompt_style, resolve_draft_graph  # noqa: PLC0415
+    from ..loading import model_folder, prompt_style, resolve_draft_graph  # noqa: PLC0415
 
     cfg = model_config(args.model)
     draft_graph(resolve_draft_graph(args.model, args.draft_graph), cfg.block_size)

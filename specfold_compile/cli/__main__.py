@@ -1,0 +1,7 @@
+"""``python -m specfold_compile.cli``: the ``specfold`` command."""
+
+import sys
+
+from .entry import main
+
+sys.exit(main())
