@@ -22,7 +22,6 @@ test_device_step_loop.py).
 from __future__ import annotations
 
 import time
-import weakref
 
 import torch
 
@@ -71,7 +70,8 @@ class DeviceDecoder:
         self.model, self.rules, self.graphs = model, rules, graphs
         self.tables = None if graph is None or rules.draft_budget == 0 else DraftTables.from_graph(graph, device)
         self.buffers = StepBuffers(1 + rules.draft_budget, rules.block_size, device)
-        self.captured: dict[tuple, object] = {}  # (rows, window, static cache buffer) -> replay
+        self.captured: dict[tuple, object] = {}  # (rows, window) -> replay, on the static cache below
+        self.cache = None
         self.captures = self.replays = 0
 
     @classmethod
@@ -79,7 +79,7 @@ class DeviceDecoder:
                    graphs: VerifyGraphs | None) -> "DeviceDecoder":
         if graphs is None:
             return cls(model, rules, graph, device)
-        kept = _KEPT.setdefault(graphs, {})
+        kept = graphs.__dict__.setdefault("device_decoders", {})  # lives as long as its static cache
         key = (rules, graph, device)
         if key not in kept:
             kept[key] = cls(model, rules, graph, device, graphs)
@@ -113,8 +113,11 @@ class DeviceDecoder:
         graphs = self.graphs
         if cache is not graphs.cache:
             raise ValueError("cache: expected the static cache returned by VerifyGraphs.attach")
+        if cache is not self.cache:  # new buffers (``attach`` outgrew the old ones): the graphs read the old
+            self.captured.clear()
+            self.cache = cache
         window, view = graphs.window(max(cache.length, 1))
-        key = (n, window, cache.keys[0].data_ptr())
+        key = (n, window)
         replay = self.captured.get(key)
         if replay is None:
             rows, parents = self.buffers.rows[:n], self.buffers.parents[:n]
@@ -126,9 +129,6 @@ class DeviceDecoder:
             replay()
             self.replays += 1
         return self.buffers.status
-
-
-_KEPT: "weakref.WeakKeyDictionary[VerifyGraphs, dict]" = weakref.WeakKeyDictionary()
 
 
 def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, graph, stop_at_eos,
