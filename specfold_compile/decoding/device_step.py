@@ -105,18 +105,18 @@ def finished(states: Tensor, info: Tensor, rules: StepRules) -> Tensor:
 
 
 def commit_rule(state: Tensor, conf: Tensor, tok: Tensor, rules: StepRules) -> Tensor:
-    """``commit.commit`` on one state [B]: the window's positions above the threshold (compared in
-    ``conf``'s dtype), at least its most confident one (ties: the lowest position)."""
+    """``commit.commit`` on states [..., B] (each row its own): the window's positions above the
+    threshold (compared in ``conf``'s dtype), at least its most confident one (ties: the lowest position)."""
     pos = _positions(state)
     masked = state == rules.mask_id
     window = masked
     if rules.sub_block_size is not None:
-        first = torch.where(masked, pos, state.shape[-1]).amin()
+        first = torch.where(masked, pos, state.shape[-1]).amin(-1, keepdim=True)
         window = masked & (pos // rules.sub_block_size == first // rules.sub_block_size)
     above = (conf >= rules.threshold) if rules.inclusive else (conf > rules.threshold)
     sel = window & above
-    best = torch.argmax(torch.where(window, conf, torch.full_like(conf, float("-inf"))))
-    fallback = (pos == best) & window & ~sel.any()
+    best = torch.argmax(torch.where(window, conf, torch.full_like(conf, float("-inf"))), -1, keepdim=True)
+    fallback = (pos == best) & window & ~sel.any(-1, keepdim=True)
     return torch.where(sel | fallback, tok, state)
 
 
@@ -193,23 +193,27 @@ def acceptance_walk(rows: Tensor, n_rows: Tensor, conf: Tensor, tok: Tensor, inf
     """Spiffy's walk (``decoder`` module docstring) over one call's rows [N, B] (``n_rows`` real) and
     their ``conf``/``tok`` [N, B]: ``Y = commit(X, L[0])``; while Y is unfinished and a draft row equals
     Y, accept it and commit with its logits. Returns (the new main state, the row whose logits produced
-    it, rows accepted)."""
-    y = commit_rule(rows[0], conf[0], tok[0], rules)
-    cur = torch.zeros((), dtype=torch.long, device=rows.device)
-    accepted = torch.zeros_like(cur)
+    it, rows accepted).
+
+    All rows at once: every row's own commit ``Z[r]``, and the walk's next row after r, the draft row
+    equal to ``Z[r]`` when ``Z[r]`` is unfinished (real drafts are distinct, and a padding row, the main
+    state, never equals a commit of it). The walk follows these links from row 0; pointer doubling
+    reaches its end, and counts its hops, in log2(N) gathers."""
     n = rows.shape[0]
-    real = torch.arange(1, n, device=rows.device) < n_rows
-    active = ~finished(y, info, rules)
-    for _ in range(n - 1):  # each accepted row is another draft: at most N - 1
-        match = (rows[1:] == y[None]).all(-1) & real
-        found = match.any() & active
-        r = match.long().argmax() + 1
-        y_next = commit_rule(y, _row(conf, r), _row(tok, r), rules)
-        y = torch.where(found, y_next, y)
-        cur = torch.where(found, r, cur)
-        accepted = accepted + found.long()
-        active = found & ~finished(y, info, rules)
-    return y, cur, accepted
+    z = commit_rule(rows, conf, tok, rules)
+    if n == 1:
+        return z[0], torch.zeros_like(n_rows), torch.zeros_like(n_rows)
+    index = torch.arange(n, device=rows.device)
+    draft = (index >= 1) & (index < n_rows)
+    equal = (z[:, None, :] == rows[None, :, :]).all(-1) & draft[None] & ~finished(z, info, rules)[:, None]
+    has_next = equal.any(-1)
+    link = torch.where(has_next, equal.long().argmax(-1), index)  # the end of the walk links to itself
+    hops = has_next.long()
+    for _ in range((n - 1).bit_length()):  # after k rounds: 2**k hops followed, at most N - 1 exist
+        hops = hops + hops[link]
+        link = link[link]
+    end = link[:1]
+    return z.index_select(0, end)[0], end[0], hops[0]
 
 
 def decode_step(logits: Tensor, rows: Tensor, parents: Tensor, n_rows: Tensor, info: Tensor, rules: StepRules,

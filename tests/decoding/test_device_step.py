@@ -12,8 +12,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from specfold_compile.decoding import (block_finished, build_drafts, commit, default_draft_graph, load_draft_graph,
                                        rank_masked_positions)
-from specfold_compile.decoding.device_step import (STATUS_FIELDS, DraftTables, StepRules, commit_rule, decode_step,
-                                                   draft_rows, finished, rank_of_positions)
+from specfold_compile.decoding.device_step import (STATUS_FIELDS, DraftTables, StepRules, acceptance_walk,
+                                                   commit_rule, decode_step, draft_rows, finished,
+                                                   rank_of_positions)
 
 MASK, EOS = 15, 1
 HSET = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -178,3 +179,37 @@ def test_a_step_reads_nothing_back(budget, sub):
         assert rows.shape == (1 + budget, block) and parents.shape == (1 + budget,)
         assert status.shape[0] == len(STATUS_FIELDS) + logits.shape[0]
         assert int(parents[0]) == -1 and 1 <= int(n_rows) <= 1 + budget
+
+
+@settings(max_examples=40, **HSET)
+@given(step_cases(), st.integers(0, 2**31), st.integers(1, 6))
+def test_acceptance_walk_matches_the_python_walk(case, seed, chain):
+    """Rows holding a chain of commits (in shuffled order) among random ones: the walk follows it as far
+    as the Python loop's walk does."""
+    state, _, _, start, need, rules, _ = case
+    g = torch.Generator().manual_seed(seed)
+    info = torch.tensor([start, need])
+    n = 1 + chain + 2
+    conf = torch.rand(n, rules.block_size, generator=g)
+    tok = torch.randint(0, MASK, (n, rules.block_size), generator=g)
+    rows = [state]
+    for _ in range(chain):  # each row the previous one's commit: unless finished, the walk accepts it
+        rows.append(commit(rows[-1], conf[len(rows) - 1], tok[len(rows) - 1], MASK, rules.sub_block_size,
+                           rules.threshold, rules.inclusive))
+    rows += [torch.randint(0, MASK + 1, (rules.block_size,), generator=g) for _ in range(2)]
+    order = [0] + (1 + torch.randperm(n - 1, generator=g)).tolist()
+    rows_t, conf, tok = torch.stack([rows[i] for i in order]), conf[order], tok[order]
+    distinct = {tuple(r.tolist()) for r in rows_t[1:]}
+    if len(distinct) < n - 1 or tuple(state.tolist()) in distinct:
+        return  # the loop's draft rows are distinct and never the main state
+    y, cur, accepted = commit(state, conf[0], tok[0], MASK, rules.sub_block_size, rules.threshold,
+                              rules.inclusive), 0, 0
+    row_of = {tuple(r): i for i, r in enumerate(rows_t.tolist()) if i > 0}
+    while not block_finished(y, MASK, need, rules.eos_id, start):
+        r = row_of.pop(tuple(y.tolist()), None)
+        if r is None:
+            break
+        cur, accepted = r, accepted + 1
+        y = commit(y, conf[r], tok[r], MASK, rules.sub_block_size, rules.threshold, rules.inclusive)
+    got = acceptance_walk(rows_t, torch.tensor(n), conf, tok, info, rules)
+    assert got[0].tolist() == y.tolist() and int(got[1]) == cur and int(got[2]) == accepted
