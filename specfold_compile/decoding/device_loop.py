@@ -12,7 +12,8 @@ a status word in one int64 buffer on the device (``StepBuffers``). What the host
 With a ``VerifyGraphs`` (``cuda_graphs``) each step, the forward and its bookkeeping, is one CUDA graph
 (one per row count and attention window, captured on first use, kept with the ``VerifyGraphs`` across
 prompts); block writes replay as in the Python loop, the prefill stays launched. Without one, the same
-tensor code runs eagerly (the CPU path). The forward always computes every position's logits: a fixed
+tensor code runs eagerly (the CPU path). On CUDA the bookkeeping after the confidences is compiled
+(``DeviceDecoder``'s ``compile_step``). The forward always computes every position's logits: a fixed
 shape, where the Python loop asks for the masked positions' only.
 
 The Python loop (``decoder._decode``) is the reference: same tokens, same forwards (tests/decoding/
@@ -22,13 +23,14 @@ test_device_step_loop.py).
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 
 from .commit import block_finished, confidence
 from .cuda_graphs import VerifyGraphs
 from .decoder import GenerateResult, StepStats, _model_consts
-from .device_step import STATUS_FIELDS, DraftTables, StepRules, decode_step
+from .device_step import STATUS_FIELDS, DraftTables, StepRules, step_from_confidences
 from .dynamic import mark_dynamic_shapes
 from .graph import DraftGraph
 from .prompt_layout import layout_prompt
@@ -46,28 +48,42 @@ class StepBuffers:
     def __init__(self, rows: int, block: int, device: torch.device):
         self.rows_n, self.block = rows, block
         sizes = (rows * block, rows, 1, 2, _STATUS + rows)
-        self.flat = torch.zeros(sum(sizes), dtype=torch.long, device=device)
-        parts = self.flat.split(sizes)
+        padded = [-(-size // 8) * 8 for size in sizes]  # each part 64-byte aligned, as a compiled graph wants
+        self.flat = torch.zeros(sum(padded), dtype=torch.long, device=device)
+        parts = [part[:size] for part, size in zip(self.flat.split(padded), sizes)]
         self.rows = parts[0].view(rows, block)
         self.parents, self.n_rows, self.info, self.status = parts[1:]
+        self._layout = padded
 
     def load_block(self, state: torch.Tensor, start: int, need: int) -> None:
         """A block's first state [B] (a CPU tensor): every row that state, parents [-1, 0, ...], one real
         row; one host-to-device copy."""
         r = self.rows_n
-        host = torch.cat([state.repeat(r), torch.tensor([-1] + [0] * (r - 1) + [1, start, need]),
-                          torch.zeros(_STATUS + r, dtype=torch.long)])
+        host = torch.zeros(self.flat.shape, dtype=torch.long)
+        rows, parents, n_rows, info, _ = host.split(self._layout)
+        rows[:r * self.block] = state.repeat(r)
+        parents[0] = -1
+        n_rows[0] = 1
+        info[:2] = torch.tensor([start, need])
         self.flat.copy_(host)
 
 
 class DeviceDecoder:
     """Runs the steps of one kind of decode (``StepRules``, draft graph) on ``model``: eagerly, or as CUDA
     graph replays on the static cache of ``graphs`` (its ``replay="eager"`` runs the same bookkeeping
-    with the model called again). ``for_graphs`` keeps one per ``VerifyGraphs`` and decode kind."""
+    with the model called again). ``for_graphs`` keeps one per ``VerifyGraphs`` and decode kind.
+
+    ``compile_step`` (None: on CUDA): the bookkeeping after the confidences
+    (``device_step.step_from_confidences``, a few hundred small ops) through ``torch.compile``, which
+    fuses them into a few dozen kernels; the confidences stay eager (the Python loop's function). A
+    compile that fails falls back to the eager ops, the reason kept in ``compile_error``."""
 
     def __init__(self, model, rules: StepRules, graph: DraftGraph | None, device: torch.device,
-                 graphs: VerifyGraphs | None = None):
+                 graphs: VerifyGraphs | None = None, compile_step: bool | None = None):
         self.model, self.rules, self.graphs = model, rules, graphs
+        compile_step = device.type == "cuda" if compile_step is None else compile_step
+        self._compiled = torch.compile(step_from_confidences, fullgraph=True, dynamic=False) if compile_step else None
+        self.compile_error: str | None = None
         self.tables = None if graph is None or rules.draft_budget == 0 else DraftTables.from_graph(graph, device)
         self.buffers = StepBuffers(1 + rules.draft_budget, rules.block_size, device)
         self.captured: dict[tuple, object] = {}  # (rows, window) -> replay, on the static cache below
@@ -76,14 +92,24 @@ class DeviceDecoder:
 
     @classmethod
     def for_graphs(cls, model, rules: StepRules, graph: DraftGraph | None, device: torch.device,
-                   graphs: VerifyGraphs | None) -> "DeviceDecoder":
+                   graphs: VerifyGraphs | None, compile_step: bool | None = None) -> "DeviceDecoder":
         if graphs is None:
-            return cls(model, rules, graph, device)
+            return cls(model, rules, graph, device, compile_step=compile_step)
         kept = graphs.__dict__.setdefault("device_decoders", {})  # lives as long as its static cache
-        key = (rules, graph, device)
+        key = (rules, graph, device, compile_step)
         if key not in kept:
-            kept[key] = cls(model, rules, graph, device, graphs)
+            kept[key] = cls(model, rules, graph, device, graphs, compile_step)
         return kept[key]
+
+    def _bookkeeping(self, *args):
+        if self._compiled is not None:
+            try:
+                return self._compiled(*args)
+            except Exception as exc:  # noqa: BLE001 - any compile failure: the same ops, eager
+                self.compile_error, self._compiled = f"{type(exc).__name__}: {exc}"[:500], None
+                warnings.warn(f"device loop: the step's bookkeeping runs eagerly, its compile failed "
+                              f"({self.compile_error.splitlines()[0]})", stacklevel=2)
+        return step_from_confidences(*args)
 
     def _run(self, n: int, cache) -> torch.Tensor:
         """One call of ``n`` rows and its bookkeeping; the buffers updated in place."""
@@ -92,8 +118,10 @@ class DeviceDecoder:
         if self.graphs is None:
             mark_dynamic_shapes(rows, parents, cache)
         logits = self.model(rows, parents, cache)
-        next_rows, next_parents, next_n, status = decode_step(logits, rows, parents, buf.n_rows[0], buf.info,
-                                                              self.rules, self.tables)
+        rules = self.rules
+        conf, tok = confidence(logits, rules.mask_id, rules.confidence_dtype, rules.argmax_of_probs)
+        next_rows, next_parents, next_n, status = self._bookkeeping(conf, tok, rows, parents, buf.n_rows[0], buf.info,
+                                                                    rules, self.tables)
         buf.rows.copy_(next_rows.expand_as(buf.rows) if next_rows.shape[0] == 1 else next_rows)
         buf.parents.copy_(next_parents.expand_as(buf.parents) if next_parents.shape[0] == 1 else next_parents)
         buf.n_rows.copy_(next_n.reshape(1))
@@ -133,8 +161,9 @@ class DeviceDecoder:
 
 def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, graph, stop_at_eos,
                      compile_writes=False, graphs: VerifyGraphs | None = None,
-                     confidence_dtype: str = "model") -> GenerateResult:
-    """``decoder._decode``'s loop with ``DeviceDecoder`` steps (arguments validated by ``generate``)."""
+                     confidence_dtype: str = "model", compile_step: bool | None = None) -> GenerateResult:
+    """``decoder._decode``'s loop with ``DeviceDecoder`` steps (arguments validated by ``generate``;
+    ``compile_step``: ``DeviceDecoder``'s)."""
     B, sb, mask_id, eos_id = _model_consts(model)
     fam = model.config.decoding_rules
     layout = layout_prompt(prompt_ids, B, fam.prompt_on_block_grid)
@@ -144,7 +173,7 @@ def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_b
     rules = StepRules(B, sb, mask_id, eos, threshold, fam.threshold_inclusive, confidence_dtype,
                       fam.argmax_of_probs, draft_budget if spiffy else 0)
     device = prompt_ids.device
-    decoder = DeviceDecoder.for_graphs(model, rules, graph if spiffy else None, device, graphs)
+    decoder = DeviceDecoder.for_graphs(model, rules, graph if spiffy else None, device, graphs, compile_step)
     captures0, replays0 = decoder.captures, decoder.replays
     writes = {"compiled": True} if compile_writes else {}
     t0 = time.perf_counter()

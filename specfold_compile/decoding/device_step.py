@@ -33,7 +33,7 @@ from .commit import confidence
 from .graph import DraftGraph
 
 __all__ = ["StepRules", "DraftTables", "finished", "commit_rule", "rank_of_positions", "draft_rows",
-           "acceptance_walk", "decode_step", "STATUS_FIELDS"]
+           "acceptance_walk", "decode_step", "step_from_confidences", "STATUS_FIELDS"]
 
 # The status word of a step (int64): the new main state's finished flag, draft rows accepted, the step
 # made no progress (non-finite logits), the call's real rows; the call's parents follow.
@@ -165,17 +165,16 @@ def draft_rows(root: Tensor, conf: Tensor, tok: Tensor, info: Tensor, rules: Ste
     parent_s = edge[perm][:, perm] & alive_s[:, None] & alive_s[None]  # [i, p]: p a parent of i
     children = parent_s.t()
     s = torch.where(alive_s, score[perm], 0.0)
-    t = s
+    t, ones, weights = s, torch.ones_like(s), children.double()
     for _ in range(tables.depth):  # t(i) = s(i) * (1 + sum of its children's t), leaves first
-        t = s * (1.0 + children.double() @ t)
+        t = s * torch.addmv(ones, weights, t)
 
     frontier, chosen = root_s & alive_s, torch.zeros_like(alive_s)
     minus_inf = torch.full_like(t, float("-inf"))
     for _ in range(d):  # greedy: the reachable node of highest t (ties: the lowest index)
-        best = torch.argmax(torch.where(frontier, t, minus_inf))
-        pick = (nodes == best) & frontier.any()
+        pick = (nodes == torch.argmax(torch.where(frontier, t, minus_inf))) & frontier  # none once it is empty
         chosen = chosen | pick
-        frontier = (frontier & ~pick) | (_row(children, best) & pick.any() & ~chosen)
+        frontier = (frontier | (children & pick[:, None]).any(0)) & ~chosen
 
     row_number = torch.cumsum(chosen.long(), 0)  # chosen node i -> row row_number[i] (1-based)
     fold = torch.where(parent_s & chosen[None], row_number[None], g + 1).amin(-1)
@@ -224,6 +223,14 @@ def decode_step(logits: Tensor, rows: Tensor, parents: Tensor, n_rows: Tensor, i
     [len(STATUS_FIELDS) + N]: ``STATUS_FIELDS`` then the call's parents). ``tables`` None or a zero
     budget: vanilla, no drafts."""
     conf, tok = confidence(logits, rules.mask_id, rules.confidence_dtype, rules.argmax_of_probs)
+    return step_from_confidences(conf, tok, rows, parents, n_rows, info, rules, tables)
+
+
+def step_from_confidences(conf: Tensor, tok: Tensor, rows: Tensor, parents: Tensor, n_rows: Tensor, info: Tensor,
+                          rules: StepRules, tables: DraftTables | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``decode_step`` after ``confidence``: ``conf``/``tok`` [N, B] instead of the logits. Integer and
+    boolean work plus the drafts' float64 scores: what ``device_loop`` may compile (the confidences stay
+    the Python loop's own function, so the commits see the same values)."""
     y, cur, accepted = acceptance_walk(rows, n_rows, conf, tok, info, rules)
     stalled = (y == rows[0]).all()
     done = finished(y, info, rules)

@@ -102,3 +102,22 @@ def test_loop_argument_is_checked():
     model = FakeModel()
     with pytest.raises(ValueError, match="loop: expected 'host' or 'device'"):
         generate(model, torch.tensor([2, 3]), loop="gpu")
+
+
+def test_compiled_bookkeeping_decodes_the_same():
+    """``compile_step=True`` (the CUDA default): the bookkeeping through torch.compile (Inductor on the
+    CPU here), the same decode as the Python loop; a fallback to the eager ops (a warning) fails."""
+    import warnings
+
+    from specfold_compile.decoding import load_draft_graph
+    from specfold_compile.decoding.device_loop import decode_on_device
+
+    model = FakeModel(block_size=8, sub_block_size=4, seed=2)
+    graph = load_draft_graph(default_draft_graph(8, 3, 2), 8)
+    prompt = torch.tensor([2, 3, 4])
+    host = generate(model, prompt, mode="spiffy", max_new_tokens=24, draft_budget=3, draft_graph=graph)
+    with warnings.catch_warnings(), torch.inference_mode():
+        warnings.filterwarnings("error", message="device loop")
+        device = decode_on_device(model, prompt, "spiffy", 24, 0.9, 3, graph, True, compile_step=True)
+    assert device.tokens == host.tokens and device.nfe == host.nfe and calls(device) == calls(host)
+    assert sum(s.accepted for s in host.steps) > 0
