@@ -121,3 +121,26 @@ def test_compiled_bookkeeping_decodes_the_same():
         device = decode_on_device(model, prompt, "spiffy", 24, 0.9, 3, graph, True, compile_step=True)
     assert device.tokens == host.tokens and device.nfe == host.nfe and calls(device) == calls(host)
     assert sum(s.accepted for s in host.steps) > 0
+
+
+@pytest.mark.parametrize("family", ["fast-dllm-v2", "nld"])
+def test_specfold_tau0_on_the_device_loop(family):
+    """A SpecFold-compiled model (tau 0, torch kernels) in the device loop: its multi-branch calls fold,
+    and the decode is the eager Python loop's."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "backend"))
+    from sf_helpers import ModelSpec
+
+    from specfold_compile.backend import collect_stats
+
+    model = ModelSpec(family=family, layers=2, block=8, seed=7).build()
+    prompt = torch.tensor([1, 5, 9, 2, 7, 3])
+    kwargs = dict(mode="spiffy", max_new_tokens=12, draft_budget=6, stop_at_eos=False)
+    host = generate(model, prompt, **kwargs)
+    compiled = torch.compile(model, backend="specfold", options={"tau": 0.0, "kernels": "torch"})
+    with collect_stats() as stats:
+        device = generate(compiled, prompt, loop="device", **kwargs)
+    assert device.tokens == host.tokens and device.nfe == host.nfe and calls(device) == calls(host)
+    assert stats.calls == len(device.steps) - device.blocks > 0  # every call after a block's first one folds
