@@ -24,6 +24,7 @@ drafts whose values agree to the last bit (the drafts change the number of forwa
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +34,7 @@ from .commit import confidence
 from .graph import DraftGraph
 
 __all__ = ["StepRules", "DraftTables", "finished", "commit_rule", "rank_of_positions", "draft_rows",
-           "acceptance_walk", "decode_step", "step_from_confidences", "STATUS_FIELDS"]
+           "acceptance_walk", "decode_step", "threshold_in", "step_from_confidences", "STATUS_FIELDS"]
 
 # The status word of a step (int64): the new main state's finished flag, draft rows accepted, the step
 # made no progress (non-finite logits), the call's real rows; the call's parents follow.
@@ -113,11 +114,27 @@ def commit_rule(state: Tensor, conf: Tensor, tok: Tensor, rules: StepRules) -> T
     if rules.sub_block_size is not None:
         first = torch.where(masked, pos, state.shape[-1]).amin(-1, keepdim=True)
         window = masked & (pos // rules.sub_block_size == first // rules.sub_block_size)
-    above = (conf >= rules.threshold) if rules.inclusive else (conf > rules.threshold)
+    threshold = threshold_in(conf.dtype, rules.threshold)
+    c = conf.float() if conf.dtype in (torch.bfloat16, torch.float16) else conf
+    above = (c >= threshold) if rules.inclusive else (c > threshold)
     sel = window & above
     best = torch.argmax(torch.where(window, conf, torch.full_like(conf, float("-inf"))), -1, keepdim=True)
     fallback = (pos == best) & window & ~sel.any(-1, keepdim=True)
     return torch.where(sel | fallback, tok, state)
+
+
+def threshold_in(dtype: torch.dtype, threshold: float) -> float:
+    """The threshold as ``conf > threshold`` compares it for a ``dtype`` tensor (a Python float cast to the
+    tensor's dtype, through float32), as a float: bf16 and fp16 confidences compare as float32 with it,
+    the same outcome, and a compiled graph cannot compare them against an unrounded constant instead."""
+    if dtype == torch.float16:
+        single = struct.unpack("<f", struct.pack("<f", threshold))[0]
+        return struct.unpack("<e", struct.pack("<e", single))[0]
+    if dtype == torch.bfloat16:
+        bits = struct.unpack("<I", struct.pack("<f", threshold))[0]
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16  # round to nearest, ties to even
+        return struct.unpack("<f", struct.pack("<I", bits))[0]
+    return threshold
 
 
 def rank_of_positions(state: Tensor, conf: Tensor, rules: StepRules) -> Tensor:

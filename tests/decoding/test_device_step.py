@@ -14,7 +14,7 @@ from specfold_compile.decoding import (block_finished, build_drafts, commit, def
                                        rank_masked_positions)
 from specfold_compile.decoding.device_step import (STATUS_FIELDS, DraftTables, StepRules, acceptance_walk,
                                                    commit_rule, decode_step, draft_rows, finished,
-                                                   rank_of_positions)
+                                                   rank_of_positions, threshold_in)
 
 MASK, EOS = 15, 1
 HSET = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -55,11 +55,11 @@ def step_cases(draw):
     masked = torch.randperm(block, generator=g)[:draw(st.integers(1, block - 1))]
     state[masked] = MASK
     conf = torch.rand(block, generator=g)
-    kind = draw(st.sampled_from(["float32", "quantised", "bfloat16", "ones"]))
+    kind = draw(st.sampled_from(["float32", "quantised", "bfloat16", "float16", "ones"]))
     if kind == "quantised":
         conf = (conf * 4).round() / 4
-    elif kind == "bfloat16":
-        conf = conf.to(torch.bfloat16)
+    elif kind in ("bfloat16", "float16"):
+        conf = conf.to(getattr(torch, kind))
     elif kind == "ones":
         conf = torch.where(conf > 0.5, 1.0, conf)
     tok = torch.randint(0, MASK, (block,), generator=g)
@@ -95,6 +95,17 @@ def test_pieces_match_the_python_rules(case):
     assert rows[:k].tolist() == [s.tolist() for s in ref.states]
     assert parents[:k].tolist() == ref.parents
     assert bool((rows[k:] == state).all()) and bool((parents[k:] == 0).all())  # padding: copies of the main row
+
+
+@settings(max_examples=200, **HSET)
+@given(st.floats(0.0, 1.0, exclude_min=True), st.sampled_from([torch.bfloat16, torch.float16, torch.float32]))
+def test_threshold_in_a_dtype_is_the_cast_of_a_comparison(threshold, dtype):
+    """bf16 / fp16: the threshold as the tensor comparison casts it; float32 compares as it is."""
+    rounded = threshold_in(dtype, threshold)
+    assert rounded == (threshold if dtype == torch.float32 else float(torch.tensor(threshold, dtype=dtype)))
+    values = (torch.tensor(threshold, dtype=dtype) + torch.arange(-3, 4) * torch.finfo(dtype).eps).to(dtype)
+    upcast = values.float()
+    assert torch.equal(values > threshold, upcast > rounded) and torch.equal(values >= threshold, upcast >= rounded)
 
 
 def test_draft_tables_of_the_shipped_graph():
