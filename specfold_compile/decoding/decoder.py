@@ -297,7 +297,7 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
              stop_at_eos: bool = True, compile_writes: bool = False, all_logits: bool = False,
              cuda_graphs: bool | VerifyGraphs = False,
              confidence_dtype: str = DEFAULTS.confidence_dtype, tau: float | None = None,
-             specfold_options: dict | None = None) -> GenerateResult:
+             specfold_options: dict | None = None, loop: str = "host") -> GenerateResult:
     """Greedy block-diffusion decoding of ``prompt_ids`` (1-D int64). Defaults: ``decoding.DEFAULTS``.
 
     ``mode="vanilla"``: one forward per denoising step. ``mode="spiffy"``: each forward also verifies up
@@ -350,7 +350,14 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
     default); block writes replay too (``VerifyGraphs(model, capture_writes=False)`` launches them),
     the prompt's prefill stays launched. A launched call is host-bound on the H200 (``cuda_graphs``'
     module docstring), so this is where the forward's GPU speed, and SpecFold's folding, reach the loop.
+
+    ``loop``: ``"host"`` (default) runs each step's bookkeeping (commits, the acceptance walk, the drafts)
+    in Python; ``"device"`` runs it as tensor ops on the model's device (``device_loop``: with
+    ``cuda_graphs`` each step, forward and bookkeeping, is one CUDA graph replay), the same tokens and
+    forwards.
     """
+    if loop not in ("host", "device"):
+        raise ValueError(f"loop: expected 'host' or 'device', got {loop!r}")
     _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes, all_logits,
               confidence_dtype)
     forward = verification_forward(model, mode, tau, specfold_options)
@@ -375,6 +382,11 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
     elif draft_graph is not None:
         load_draft_graph(draft_graph, B)  # still reject a malformed graph
     with torch.inference_mode():
+        if loop == "device":
+            from .device_loop import decode_on_device  # it builds on this module
+
+            return decode_on_device(model, prompt_ids, mode, max_new_tokens, float(threshold), draft_budget, graph,
+                                    stop_at_eos, compile_writes, graphs, confidence_dtype, forward=forward)
         return _decode(model, prompt_ids, mode, max_new_tokens, float(threshold), draft_budget, graph,
                        stop_at_eos, compile_writes=compile_writes, all_logits=all_logits, graphs=graphs,
                        confidence_dtype=confidence_dtype, forward=forward)

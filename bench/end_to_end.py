@@ -1,0 +1,315 @@
+"""End-to-end decoding speed of the shipped model: the Python decode loop against the device loop.
+
+Decodes task-suite prompts (``specfold_compile.tasks``, test split) with ``generate`` in each mode:
+
+    vanilla          mode="vanilla", loop="host"
+    vanilla_device   mode="vanilla", loop="device"
+    spiffy           mode="spiffy",  loop="host"   (the shipped draft graph, --draft-budget)
+    spiffy_device    mode="spiffy",  loop="device"
+    spiffy_compiled  mode="spiffy",  loop="host",   the model compiled with Inductor (dense)
+    spiffy_compiled_device                            the same, device loop
+    specfold         mode="spiffy",  loop="host",   the model compiled with the SpecFold backend (--tau)
+    specfold_device  mode="spiffy",  loop="device", the same compiled model
+
+On CUDA every mode runs with CUDA graphs (``cuda_graphs``: one ``VerifyGraphs`` per mode, kept across
+prompts, so captures and compiles happen in the warm-up pass, reported apart as ``warmup_s``); on the
+CPU the calls are launched. One row per task and mode::
+
+    model, task, mode, tokens_per_s, nfe, step_ms, host_ms, ttft_ms, trace_driven, cuda_graphs, ...
+
+``tokens_per_s``: generated tokens over the wall time of ``generate`` (each prompt's median over the
+timed passes, modes interleaved prompt by prompt). ``nfe``: forwards per prompt. ``step_ms``: wall time
+per verification step, the prefill and block writes taken out (each timed with its GPU work).
+``host_ms``: the part of a step that is not the step's own device work (CUDA: the forward's graph, and
+in the device loop its bookkeeping, timed with CUDA events; CPU: the forward, timed on the host), i.e.
+the host's time on the critical path. ``ttft_ms``: from the call to the first block's tokens.
+``trace_driven``: False, every number is measured decoding (no replayed trace). ``tokens_match``: the
+mode's tokens equal vanilla's, prompt for prompt (lossless); ``same_as_host_twin``: a device-loop mode's
+tokens and forwards equal those of the same decoding in the Python loop.
+
+    python -m bench.end_to_end [--device cuda] [--limit 20] [--tasks math,code,instruct] [--modes ...]
+
+Writes ``end_to_end.json`` into ``$OUT`` (or ``--out FILE``), with the GPU, driver, torch and triton
+versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from bench.common import check_output, write_json
+
+MODES = {  # name -> (generate's mode, loop, compiled with: None (eager), "inductor" or "specfold")
+    "vanilla": ("vanilla", "host", None),
+    "vanilla_device": ("vanilla", "device", None),
+    "spiffy": ("spiffy", "host", None),
+    "spiffy_device": ("spiffy", "device", None),
+    "spiffy_compiled": ("spiffy", "host", "inductor"),
+    "spiffy_compiled_device": ("spiffy", "device", "inductor"),
+    "specfold": ("spiffy", "host", "specfold"),
+    "specfold_device": ("spiffy", "device", "specfold"),
+}
+CPU_MODES = ("vanilla", "vanilla_device", "spiffy", "spiffy_device")
+HOST_TWIN = {"vanilla_device": "vanilla", "spiffy_device": "spiffy", "spiffy_compiled_device": "spiffy_compiled",
+             "specfold_device": "specfold"}
+
+
+class _Clock:
+    """Times the parts of one ``generate``: the prefill and block writes (host intervals ending with their
+    device work), the steps' device work (CUDA events, or host intervals of the forward on the CPU) and
+    the first block write's start."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.reset()
+
+    def reset(self):
+        self.writes_s, self.first_write, self.events, self.forward_s = 0.0, None, [], 0.0
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def write(self, fn, first: bool):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            if first and self.first_write is None:
+                self.first_write = t0
+            out = fn(*args, **kwargs)
+            self.sync()  # the loop reads the seed right after: no wait is added
+            self.writes_s += time.perf_counter() - t0
+            return out
+        return timed
+
+    def device_work(self, fn):
+        def timed(*args, **kwargs):
+            if not self.cuda:
+                t0 = time.perf_counter()
+                out = fn(*args, **kwargs)
+                self.forward_s += time.perf_counter() - t0
+                return out
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn(*args, **kwargs)
+            end.record()
+            self.events.append((start, end))
+            return out
+        return timed
+
+    def device_s(self) -> float:
+        self.sync()
+        return self.forward_s + sum(s.elapsed_time(e) for s, e in self.events) / 1e3
+
+
+class _TimedModel:
+    """The model as a launched decode loop calls it (CPU): forwards and writes timed."""
+
+    def __init__(self, model, clock: _Clock):
+        self.config = model.config
+        self._model = model
+        self.prefill = clock.write(model.prefill, first=False)
+        self.write_block = clock.write(model.write_block, first=True)
+        self._forward = clock.device_work(model)
+
+    def __call__(self, *args, **kwargs):
+        return self._forward(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _timed_graphs(graphs, clock: _Clock):
+    """CUDA: the step replays of both loops (``VerifyGraphs.__call__``, ``DeviceDecoder._replay``) and
+    the block writes of ``graphs`` timed; restored afterwards."""
+    from specfold_compile.decoding.cuda_graphs import VerifyGraphs
+    from specfold_compile.decoding.device_loop import DeviceDecoder
+
+    saved = VerifyGraphs.__call__, DeviceDecoder._replay
+    VerifyGraphs.__call__ = clock.device_work(saved[0])
+    DeviceDecoder._replay = clock.device_work(saved[1])
+    graphs.write_block = clock.write(type(graphs).write_block.__get__(graphs), first=True)
+    try:
+        yield
+    finally:
+        VerifyGraphs.__call__, DeviceDecoder._replay = saved
+        del graphs.write_block
+
+
+def _timed_run(target, prompt, clock: _Clock, graphs, kwargs) -> dict:
+    from specfold_compile.decoding import generate
+
+    clock.reset()
+    model = target if graphs is not None else _TimedModel(target, clock)
+    prefill_s = 0.0
+    if graphs is not None:  # the prefill of the compiled or eager model, timed through the instance
+        prefill = target.prefill
+
+        def timed_prefill(*args, **kw):
+            nonlocal prefill_s
+            t0 = time.perf_counter()
+            out = prefill(*args, **kw)
+            clock.sync()
+            prefill_s += time.perf_counter() - t0
+            return out
+        target.prefill = timed_prefill
+    ctx = _timed_graphs(graphs, clock) if graphs is not None else contextlib.nullcontext()
+    try:
+        with ctx:
+            t0 = time.perf_counter()
+            res = generate(model, prompt, cuda_graphs=graphs if graphs is not None else False, **kwargs)
+            clock.sync()
+            wall = time.perf_counter() - t0
+            device_s = clock.device_s()
+    finally:
+        if graphs is not None:
+            del target.prefill
+    steps = max(res.num_calls, 1)
+    if graphs is None:  # the CPU's prefill went through _TimedModel's write clock
+        prefill_s, writes_s = 0.0, clock.writes_s
+    else:
+        writes_s = clock.writes_s
+    step_s = (wall - prefill_s - writes_s) / steps
+    first = clock.first_write if clock.first_write is not None else t0 + wall
+    return {"tokens": res.tokens, "nfe": res.nfe, "steps": res.num_calls, "wall_s": wall,
+            "step_ms": 1e3 * step_s, "host_ms": 1e3 * (step_s - device_s / steps), "ttft_ms": 1e3 * (first - t0)}
+
+
+def _targets(model, modes, device: str, tau: float) -> dict:
+    """The model each mode runs: the eager one, or one compiled model per backend (dense Inductor, or
+    SpecFold at ``tau``) shared by both loops."""
+    compiled: dict[str, object] = {}
+    out = {}
+    for name in modes:
+        backend = MODES[name][2]
+        if backend is None:
+            out[name] = model
+            continue
+        if backend not in compiled:
+            if backend == "inductor":
+                compiled[backend] = torch.compile(model, dynamic=True)
+            else:
+                options = {"tau": tau, **({} if device == "cuda" else {"kernels": "torch"})}
+                compiled[backend] = torch.compile(model, backend="specfold", options=options)
+        out[name] = compiled[backend]
+    return out
+
+
+def run(args) -> list[dict]:
+    from specfold_compile.decoding import VerifyGraphs
+    from specfold_compile.loading import DEFAULT_MODEL_DIR, encode, load_model
+    from specfold_compile.tasks import sample
+
+    cuda = args.device == "cuda"
+    model = load_model(None, device=args.device)
+    name = Path(getattr(model, "name_or_path", "specfold-tiny")).name
+    graph = str(DEFAULT_MODEL_DIR / "draft_graph.json")
+    modes = args.modes
+    targets = _targets(model, modes, args.device, args.tau)
+    graphs = {m: VerifyGraphs(targets[m]) if cuda else None for m in modes}
+    # two modes on one target share its VerifyGraphs (one static cache and compiled graph per model)
+    for m in modes:
+        for other in modes:
+            if other < m and targets[other] is targets[m] and cuda:
+                graphs[m] = graphs[other]
+    clock = _Clock(cuda)
+    rows = []
+    for task in args.tasks:
+        prompts = [encode(model, p.prompt).to(args.device) for p in sample(task, "test", args.limit, 0)]
+        kwargs = {m: dict(mode=MODES[m][0], loop=MODES[m][1], max_new_tokens=args.max_new_tokens,
+                          draft_budget=args.draft_budget, draft_graph=graph) for m in modes}
+        warm_s = {}
+        for m in modes:  # warm-up: compiles, captures and autotuning happen here
+            t0 = time.perf_counter()
+            for prompt in prompts:
+                _timed_run(targets[m], prompt, clock, graphs[m], kwargs[m])
+            warm_s[m] = time.perf_counter() - t0
+        runs = {m: [[] for _ in prompts] for m in modes}
+        for _ in range(args.repeats):  # modes interleaved prompt by prompt: drift hits all alike
+            for i, prompt in enumerate(prompts):
+                for m in modes:
+                    runs[m][i].append(_timed_run(targets[m], prompt, clock, graphs[m], kwargs[m]))
+        for m in modes:
+            rows.append(_row(name, task, m, runs, warm_s[m], cuda))
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _median_run(reps: list[dict]) -> dict:
+    return sorted(reps, key=lambda r: r["wall_s"])[len(reps) // 2]
+
+
+def _row(name, task, mode, runs, warm_s, cuda) -> dict:
+    per_prompt = [_median_run(reps) for reps in runs[mode]]
+    tokens = sum(len(r["tokens"]) for r in per_prompt)
+    wall = sum(r["wall_s"] for r in per_prompt)
+    steps = sum(r["steps"] for r in per_prompt)
+
+    def first(m, key):
+        return [reps[0][key] for reps in runs[m]]
+
+    def per_step(key):
+        return sum(r[key] * r["steps"] for r in per_prompt) / max(steps, 1)
+
+    twin = HOST_TWIN.get(mode)
+    lossless = "vanilla" if "vanilla" in runs else twin
+    return {"model": name, "task": task, "mode": mode, "tokens_per_s": tokens / wall,
+            "nfe": statistics.mean(r["nfe"] for r in per_prompt), "step_ms": per_step("step_ms"),
+            "host_ms": per_step("host_ms"), "ttft_ms": statistics.mean(r["ttft_ms"] for r in per_prompt),
+            "trace_driven": False, "cuda_graphs": cuda, "loop": MODES[mode][1], "prompts": len(per_prompt),
+            "tokens": tokens, "steps": steps, "warmup_s": warm_s,
+            "tokens_match": None if lossless is None else first(mode, "tokens") == first(lossless, "tokens"),
+            "host_twin": twin if twin in runs else None,
+            "same_as_host_twin": (first(mode, "tokens") == first(twin, "tokens")
+                                  and first(mode, "nfe") == first(twin, "nfe")) if twin in runs else None}
+
+
+def main(argv=None) -> int:
+    from specfold_compile.tasks import TASKS
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
+    ap.add_argument("--limit", type=int, default=20, help="test-split prompts per task")
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--modes", default=None, help=f"comma-separated among {', '.join(MODES)} (default: all on "
+                                                  f"CUDA, {', '.join(CPU_MODES)} on the CPU)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed passes, each prompt's median kept (default: 3 "
+                                                              "on CUDA, 1 on the CPU)")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--draft-budget", type=int, default=16)
+    ap.add_argument("--tau", type=float, default=0.1, help="SpecFold's fold threshold (0 folds nothing)")
+    ap.add_argument("--out", default=None, help="the JSON file (default: $OUT/end_to_end.json, else ./end_to_end.json)")
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device here (--device cpu runs the same on the CPU)")
+    args.modes = tuple(args.modes.split(",")) if args.modes else (tuple(MODES) if args.device == "cuda" else CPU_MODES)
+    unknown = sorted(set(args.modes) - set(MODES))
+    if unknown:
+        ap.error(f"--modes: expected names among {list(MODES)}, got {unknown}")
+    args.tasks = tuple(args.tasks.split(","))
+    if args.repeats is None:
+        args.repeats = 3 if args.device == "cuda" else 1
+    if args.limit < 1 or args.repeats < 1:
+        ap.error("--limit and --repeats: expected integers >= 1")
+    out = args.out or str(Path(os.environ.get("OUT") or ".") / "end_to_end.json")
+    check_output(ap, out)
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        rows = run(args)
+    write_json(Path(out), rows, {"suite": "end_to_end_loops", "seconds": time.perf_counter() - t0,
+                                 "setup": {"limit": args.limit, "repeats": args.repeats,
+                                           "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
+                                           "device": args.device}})
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,226 @@
+"""The decode loop with each step's bookkeeping on the device: ``generate(..., loop="device")``.
+
+Per step: one verification forward of a fixed number of rows (1, or 1 + draft_budget with padding rows,
+copies of the main state) and ``device_step.decode_step``, which leaves the next call's rows, parents and
+a status word in one int64 buffer on the device (``StepBuffers``). What the host reads back:
+
+- per step, the status word (``device_step.STATUS_FIELDS`` and the call's parents: one copy of
+  5 + draft_budget int64), to know whether the block is finished and for ``GenerateResult.steps``;
+- per block, the seed token (the prefill's or the last block write's next-token argmax, as the Python
+  loop reads it) and, at the block's end, its B tokens (output, eos, the block write).
+
+With a ``VerifyGraphs`` (``cuda_graphs``) each step, the forward and its bookkeeping, is one CUDA graph
+(one per row count and attention window, captured on first use, kept with the ``VerifyGraphs`` across
+prompts); block writes replay as in the Python loop, the prefill stays launched. Without one, the same
+tensor code runs eagerly (the CPU path). On CUDA the bookkeeping after the confidences is compiled
+(``DeviceDecoder``'s ``compile_step``). The forward always computes every position's logits: a fixed
+shape, where the Python loop asks for the masked positions' only.
+
+The Python loop (``decoder._decode``) is the reference: same tokens, same forwards (tests/decoding/
+test_device_step_loop.py).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+
+from .commit import block_finished, confidence
+from .cuda_graphs import VerifyGraphs
+from .decoder import GenerateResult, StepStats, _model_consts
+from .device_step import STATUS_FIELDS, DraftTables, StepRules, step_from_confidences
+from .dynamic import mark_dynamic_shapes
+from .graph import DraftGraph
+from .prompt_layout import layout_prompt
+
+__all__ = ["StepBuffers", "DeviceDecoder", "decode_on_device"]
+
+_STATUS = len(STATUS_FIELDS)
+
+
+class StepBuffers:
+    """The loop's device state in one int64 buffer (one copy undoes a capture's warm-up run): the next
+    call's ``rows`` [R, B] (row 0 the main state), ``parents`` [R], real rows ``n_rows`` [1], the block's
+    ``info`` [start, need] and the last step's ``status`` [len(STATUS_FIELDS) + R]."""
+
+    def __init__(self, rows: int, block: int, device: torch.device):
+        self.rows_n, self.block = rows, block
+        sizes = (rows * block, rows, 1, 2, _STATUS + rows)
+        padded = [-(-size // 8) * 8 for size in sizes]  # each part 64-byte aligned, as a compiled graph wants
+        self.flat = torch.zeros(sum(padded), dtype=torch.long, device=device)
+        parts = [part[:size] for part, size in zip(self.flat.split(padded), sizes)]
+        self.rows = parts[0].view(rows, block)
+        self.parents, self.n_rows, self.info, self.status = parts[1:]
+        self._layout = padded
+
+    def load_block(self, state: torch.Tensor, start: int, need: int) -> None:
+        """A block's first state [B] (a CPU tensor): every row that state, parents [-1, 0, ...], one real
+        row; one host-to-device copy."""
+        r = self.rows_n
+        host = torch.zeros(self.flat.shape, dtype=torch.long)
+        rows, parents, n_rows, info, _ = host.split(self._layout)
+        rows[:r * self.block] = state.repeat(r)
+        parents[0] = -1
+        n_rows[0] = 1
+        info[:2] = torch.tensor([start, need])
+        self.flat.copy_(host)
+
+
+class DeviceDecoder:
+    """Runs the steps of one kind of decode (``StepRules``, draft graph) on ``model``: eagerly, or as CUDA
+    graph replays on the static cache of ``graphs`` (its ``replay="eager"`` runs the same bookkeeping
+    with the model called again). ``for_graphs`` keeps one per ``VerifyGraphs`` and decode kind.
+
+    ``compile_step`` (None: on CUDA): the bookkeeping after the confidences
+    (``device_step.step_from_confidences``, a few hundred small ops) through ``torch.compile``, which
+    fuses them into a few dozen kernels; the confidences stay eager (the Python loop's function). A
+    compile that fails falls back to the eager ops, the reason kept in ``compile_error``."""
+
+    def __init__(self, model, rules: StepRules, graph: DraftGraph | None, device: torch.device,
+                 graphs: VerifyGraphs | None = None, compile_step: bool | None = None):
+        self.model, self.rules, self.graphs = model, rules, graphs
+        compile_step = device.type == "cuda" if compile_step is None else compile_step
+        self._compiled = torch.compile(step_from_confidences, fullgraph=True, dynamic=False) if compile_step else None
+        self.compile_error: str | None = None
+        self.tables = None if graph is None or rules.draft_budget == 0 else DraftTables.from_graph(graph, device)
+        self.buffers = StepBuffers(1 + rules.draft_budget, rules.block_size, device)
+        self.captured: dict[tuple, object] = {}  # (rows, window) -> replay, on the static cache below
+        self.cache = None
+        self.captures = self.replays = 0
+
+    @classmethod
+    def for_graphs(cls, model, rules: StepRules, graph: DraftGraph | None, device: torch.device,
+                   graphs: VerifyGraphs | None, compile_step: bool | None = None) -> "DeviceDecoder":
+        if graphs is None:
+            return cls(model, rules, graph, device, compile_step=compile_step)
+        kept = graphs.__dict__.setdefault("device_decoders", {})  # lives as long as its static cache
+        key = (rules, graph, device, compile_step)
+        if key not in kept:
+            kept[key] = cls(model, rules, graph, device, graphs, compile_step)
+        return kept[key]
+
+    def _bookkeeping(self, *args):
+        if self._compiled is not None:
+            try:
+                return self._compiled(*args)
+            except Exception as exc:  # noqa: BLE001 - any compile failure: the same ops, eager
+                self.compile_error, self._compiled = f"{type(exc).__name__}: {exc}"[:500], None
+                warnings.warn(f"device loop: the step's bookkeeping runs eagerly, its compile failed "
+                              f"({self.compile_error.splitlines()[0]})", stacklevel=2)
+        return step_from_confidences(*args)
+
+    def _run(self, n: int, cache) -> torch.Tensor:
+        """One call of ``n`` rows and its bookkeeping; the buffers updated in place."""
+        buf = self.buffers
+        rows, parents = buf.rows[:n], buf.parents[:n]
+        if self.graphs is None:
+            mark_dynamic_shapes(rows, parents, cache)
+        logits = self.model(rows, parents, cache)
+        rules = self.rules
+        conf, tok = confidence(logits, rules.mask_id, rules.confidence_dtype, rules.argmax_of_probs)
+        next_rows, next_parents, next_n, status = self._bookkeeping(conf, tok, rows, parents, buf.n_rows[0], buf.info,
+                                                                    rules, self.tables)
+        buf.rows.copy_(next_rows.expand_as(buf.rows) if next_rows.shape[0] == 1 else next_rows)
+        buf.parents.copy_(next_parents.expand_as(buf.parents) if next_parents.shape[0] == 1 else next_parents)
+        buf.n_rows.copy_(next_n.reshape(1))
+        buf.status[:status.shape[0]].copy_(status)
+        return buf.status
+
+    def step(self, n: int, cache) -> list[int]:
+        """One step of ``n`` rows (1 or 1 + draft_budget) on ``cache``; returns the status word (the
+        step's one read back to the host): ``STATUS_FIELDS`` then the call's ``n`` parents."""
+        if self.graphs is None:
+            status = self._run(n, cache)
+        else:
+            status = self._replay(n, cache)
+        return status[:_STATUS + n].tolist()
+
+    def _replay(self, n: int, cache) -> torch.Tensor:
+        graphs = self.graphs
+        if cache is not graphs.cache:
+            raise ValueError("cache: expected the static cache returned by VerifyGraphs.attach")
+        if cache is not self.cache:  # new buffers (``attach`` outgrew the old ones): the graphs read the old
+            self.captured.clear()
+            self.cache = cache
+        window, view = graphs.window(max(cache.length, 1))
+        key = (n, window)
+        replay = self.captured.get(key)
+        if replay is None:
+            rows, parents = self.buffers.rows[:n], self.buffers.parents[:n]
+            mark_dynamic_shapes(rows, parents, view)
+            _, replay = graphs._record(lambda: self._run(n, view), rows.device, restore=self.buffers.flat)
+            self.captured[key] = replay
+            self.captures += 1
+        else:
+            replay()
+            self.replays += 1
+        return self.buffers.status
+
+
+def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, graph, stop_at_eos,
+                     compile_writes=False, graphs: VerifyGraphs | None = None,
+                     confidence_dtype: str = "model", compile_step: bool | None = None,
+                     forward=None) -> GenerateResult:
+    """``decoder._decode``'s loop with ``DeviceDecoder`` steps (arguments validated by ``generate``;
+    ``compile_step``: ``DeviceDecoder``'s; ``forward``: the verification call, None: ``model`` itself)."""
+    B, sb, mask_id, eos_id = _model_consts(model)
+    fam = model.config.decoding_rules
+    layout = layout_prompt(prompt_ids, B, fam.prompt_on_block_grid)
+    layout.check_positions(max_new_tokens, int(model.config.max_position_embeddings))  # before any forward
+    eos = eos_id if stop_at_eos else None
+    spiffy = mode != "vanilla" and draft_budget > 0 and graph is not None and len(graph) > 0
+    rules = StepRules(B, sb, mask_id, eos, threshold, fam.threshold_inclusive, confidence_dtype,
+                      fam.argmax_of_probs, draft_budget if spiffy else 0)
+    device = prompt_ids.device
+    decoder = DeviceDecoder.for_graphs(model if forward is None else forward, rules, graph if spiffy else None, device, graphs, compile_step)
+    captures0, replays0 = decoder.captures, decoder.replays
+    writes = {"compiled": True} if compile_writes else {}
+    t0 = time.perf_counter()
+    cache = model.prefill(layout.prefill_ids, **(dict(writes, block_causal=True) if layout.block_causal else writes))
+    if graphs is not None:
+        cache = graphs.attach(cache, layout.last_block_start(max_new_tokens))
+    nfe = 1 if layout.prefill_ids.numel() else 0
+    out: list[int] = []
+    steps: list[StepStats] = []
+    nblocks, head = 0, layout.head
+    while True:
+        nblocks += 1
+        start = len(head)
+        need = min(B - start, max_new_tokens - len(out))
+        x = torch.full((B,), mask_id, dtype=torch.long)
+        x[:start] = torch.tensor(head, dtype=torch.long)
+        if not head:  # the seed, read on the host as the Python loop reads it
+            x[0] = int(confidence(cache.next_logits, mask_id)[1])
+        head = []
+        if not block_finished(x, mask_id, need, eos, start):
+            decoder.buffers.load_block(x, start, need)
+            n = 1
+            while True:
+                status = decoder.step(n, cache)
+                nfe += 1
+                done, accepted, stalled, rows = status[:_STATUS]
+                steps.append(StepStats(branches=rows, accepted=accepted, parents=status[_STATUS:_STATUS + rows]))
+                if stalled:
+                    raise RuntimeError("decoding made no progress (non-finite logits?)")
+                if done:
+                    break
+                n = 1 + rules.draft_budget
+            x = decoder.buffers.rows[0].cpu()  # the block's tokens, read at its end
+        blk = x[start:start + need].tolist()
+        stop = eos is not None and eos in blk
+        if stop:
+            blk = blk[: blk.index(eos) + 1]
+        out.extend(blk)
+        if stop or len(out) >= max_new_tokens:
+            break
+        if graphs is not None:
+            cache = graphs.write_block(cache, x.to(device), compile_writes)
+        else:
+            cache = model.write_block(cache, x.to(device), **writes)
+        nfe += 1
+    result = GenerateResult(tokens=out, nfe=nfe, wall_time_s=time.perf_counter() - t0, steps=steps, mode=mode,
+                            blocks=nblocks)
+    result.graph_captures, result.graph_replays = decoder.captures - captures0, decoder.replays - replays0
+    return result

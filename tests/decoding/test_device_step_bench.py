@@ -1,0 +1,31 @@
+"""bench/end_to_end.py on the CPU: every mode's row, the device loop's tokens and forwards equal the
+Python loop's."""
+import json
+
+import pytest
+
+from bench import end_to_end
+
+
+def test_end_to_end_on_the_cpu(tmp_path, capsys):
+    out = tmp_path / "e2e.json"
+    assert end_to_end.main(["--device", "cpu", "--limit", "2", "--tasks", "math", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["versions"]["torch"] and "triton" in data["versions"]
+    rows = {r["mode"]: r for r in data["rows"]}
+    assert set(rows) == set(end_to_end.CPU_MODES)
+    keys = {"model", "task", "mode", "tokens_per_s", "nfe", "step_ms", "host_ms", "ttft_ms", "trace_driven",
+            "cuda_graphs"}
+    for r in rows.values():
+        assert keys <= set(r) and r["task"] == "math" and r["trace_driven"] is False and r["cuda_graphs"] is False
+        assert r["tokens_per_s"] > 0 and r["step_ms"] > 0 and r["ttft_ms"] > 0 and r["nfe"] >= 1
+        assert r["tokens_match"] is True
+    for mode in ("vanilla_device", "spiffy_device"):
+        assert rows[mode]["same_as_host_twin"] is True
+    assert rows["spiffy"]["nfe"] == rows["spiffy_device"]["nfe"] <= rows["vanilla"]["nfe"]
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_end_to_end_arguments():
+    with pytest.raises(SystemExit):
+        end_to_end.main(["--device", "cpu", "--modes", "turbo"])
