@@ -306,7 +306,7 @@ def main(argv=None) -> int:
     write_json(Path(out), rows, {"suite": "end_to_end_loops", "seconds": time.perf_counter() - t0,
                                  "setup": {"limit": args.limit, "repeats": args.repeats,
                                            "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
-                                           "device": args.device}})
+                                           "tau": args.tau, "device": args.device}})
     print(f"wrote {out}")
     return 0
 
