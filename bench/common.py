@@ -15,8 +15,8 @@ import torch
 
 # The H200's ceilings (device-to-device copy bytes/s, REFERENCES.md; bf16 FLOP/s on random data), one
 # definition shared with the backend's packed-linear cost estimate.
-from specfold_compile.fold_ops import GEMM_BYTES_PER_S as COPY_BW
-from specfold_compile.fold_ops import GEMM_FLOPS_PER_S as MATMUL_FLOPS
+from specfold_compile.ops.fold_ops import GEMM_BYTES_PER_S as COPY_BW
+from specfold_compile.ops.fold_ops import GEMM_FLOPS_PER_S as MATMUL_FLOPS
 
 
 def versions() -> dict[str, Any]:

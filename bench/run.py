@@ -36,7 +36,7 @@ import traceback
 
 import torch
 
-from specfold_compile import fold_ops
+from specfold_compile.ops import fold_ops
 from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph, fold_launched_calls, specfold_backend
 from specfold_compile.decoding import mark_dynamic_shapes
 from specfold_compile.models import build

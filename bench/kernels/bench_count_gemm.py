@@ -119,7 +119,7 @@ def main() -> None:
         with open(args.out, "w") as fh:
             json.dump(rows, fh, indent=1)
         return
-    from specfold_compile import fold_ops
+    from specfold_compile.ops import fold_ops
 
     probe = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(),
              "conditional_nodes": hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"),

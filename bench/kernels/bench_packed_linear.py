@@ -20,7 +20,7 @@ import _common as C  # noqa: E402  (sets TRITON_INTERPRET on CPU before the kern
 
 import torch  # noqa: E402
 
-from specfold_compile import fold_ops  # noqa: E402
+from specfold_compile.ops import fold_ops  # noqa: E402
 from specfold_compile.backend.settings import SpecFoldSettings  # noqa: E402
 from specfold_compile.kernels.packed_linear import packed_linear  # noqa: E402
 from specfold_compile.kernels.packed_linear_ref import packed_linear_ref  # noqa: E402

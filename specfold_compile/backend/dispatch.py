@@ -30,11 +30,11 @@ from typing import Any, Callable
 import torch
 from torch.fx import GraphModule, Node
 
-from .. import fold_ops
+from ..ops import fold_ops
 from ..passes import ops_table as T
 from ..passes.analyze import Analysis
 from ..passes.lower_kernels import resolve_impl
-from . import stats
+from ..ops import stats
 
 # Dynamic-N graphs: which variants to compile is decided over N = 2..MAX_PLANNED_BRANCHES (beyond it,
 # a call runs whichever variant exists when its own decision's variant was not compiled).

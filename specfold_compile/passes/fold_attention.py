@@ -10,7 +10,7 @@ from typing import Any
 
 from torch.fx import GraphModule
 
-from .. import fold_ops
+from ..ops import fold_ops
 from .analyze import Analysis
 
 

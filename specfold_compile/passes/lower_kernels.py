@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
-from .. import fold_ops
+from ..ops import fold_ops
 from .analyze import Analysis, _shape
 from .op_args import bound_arguments
 

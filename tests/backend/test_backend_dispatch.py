@@ -5,8 +5,9 @@ import torch
 import torch._dynamo
 
 from sf_helpers import CountingBackend, ModelSpec, assert_close, capture_graph, make_cache, make_tree
-from specfold_compile import fold_ops
-from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph, dispatch, stats
+from specfold_compile.ops import fold_ops
+from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph, dispatch
+from specfold_compile.ops import stats
 from specfold_compile.decoding import mark_dynamic_shapes
 from specfold_compile.reference import folded_verify
 

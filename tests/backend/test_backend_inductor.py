@@ -32,7 +32,8 @@ def test_gpu_default_path_triton_kernels_under_inductor(extra, monkeypatch):
     """What backend="specfold" runs on CUDA by default: Triton kernels (interpreted here), Inductor
     lowering, packed linears split between the dense GEMM head and the count-aware spill kernel."""
     pytest.importorskip("torch._inductor")
-    from specfold_compile import fold_ops, kernels
+    from specfold_compile import kernels
+    from specfold_compile.ops import fold_ops
 
     if not kernels.triton_available():
         pytest.skip("triton is not importable here (or neither CUDA nor TRITON_INTERPRET=1)")

@@ -8,7 +8,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from sf_helpers import (CountingBackend, ModelSpec, assert_close, capture_graph, chain_lengths_of, compile_run,
                         make_cache, make_tree, rel_err)
-from specfold_compile import fold_ops
+from specfold_compile.ops import fold_ops
 from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph
 from specfold_compile.reference import folded_verify
 

@@ -63,7 +63,7 @@ def test_packed_linear_op_cublas_head_and_triton_spill(R, K, M, bias, dense_frac
     kernel on the rest; every row below count must match the reference wherever the split falls."""
     from unittest import mock
 
-    from specfold_compile import fold_ops
+    from specfold_compile.ops import fold_ops
 
     with mock.patch.object(fold_ops, "DENSE_LINEAR_MIN_ROWS", 0), \
             mock.patch.object(fold_ops, "DENSE_LINEAR_ROW_MULTIPLE", multiple):
@@ -87,7 +87,7 @@ def _check_packed_linear_op(fold_ops, R, K, M, bias, dense_fraction, multiple, d
 
 
 def test_dense_rows_rule():
-    from specfold_compile import fold_ops
+    from specfold_compile.ops import fold_ops
 
     assert fold_ops.dense_rows(160, 0.3) == 128          # never below DENSE_LINEAR_MIN_ROWS
     assert fold_ops.dense_rows(544, 0.3) == 192          # 163.2 -> next multiple of 64
@@ -98,7 +98,7 @@ def test_dense_rows_rule():
 
 
 def test_dense_rows_skips_spills_cheaper_than_a_launch():
-    from specfold_compile import fold_ops
+    from specfold_compile.ops import fold_ops
 
     rows, frac = 544, 0.45  # N = 17: a 256-row head
     assert fold_ops.dense_rows(rows, frac, (256, 256), 0.0) == 256        # off by default

@@ -13,16 +13,17 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .kernels.attention_ref import block_attention_ref, prefix_attention_ref
-from .kernels.gate_ref import fold_gate_ref, resolve_folds_ref, safe_parents, valid_parent_rows
-from .kernels.packed_linear_ref import packed_linear_ref
-from .kernels.swiglu_ref import silu_mul_ref
+from ..kernels.attention_ref import block_attention_ref, prefix_attention_ref
+from ..kernels.gate_ref import fold_gate_ref, resolve_folds_ref, safe_parents, valid_parent_rows
+from ..kernels.packed_linear_ref import packed_linear_ref
+from ..kernels.swiglu_ref import silu_mul_ref
+from . import stats
 
 IMPLS = ("torch", "triton")
 
 
 def _kernels():
-    from . import kernels
+    from .. import kernels
 
     if not kernels.triton_available():
         raise RuntimeError("kernels='triton' needs triton (and a GPU, or TRITON_INTERPRET=1)")
@@ -111,8 +112,6 @@ def fold_gate(h: Tensor, parents: Tensor, tau: Tensor, gate_index: int, pack: bo
         rows = torch.arange(n_flat, device=h.device, dtype=torch.int64)
         count = torch.full((), n_flat, device=h.device, dtype=torch.int64)
         slot = origin.clone()
-    from .backend import stats
-
     stats.record_gate(gate_index, fold, parents)
     return fold, origin, rows, count, slot
 

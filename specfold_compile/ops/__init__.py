@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import kernels
+from .. import kernels
 
 
 @torch.library.custom_op("specfold::branches", mutates_args=())
