@@ -24,6 +24,7 @@ import _common as C  # noqa: E402
 
 import torch  # noqa: E402
 
+from specfold_compile.ops.device_profile import H200  # noqa: E402
 from specfold_compile.kernels.attention import (  # noqa: E402
     SPLIT_CHOICES, _one_pass_config, block_attention, branch_attention, one_pass_attention, prefix_attention,
     prefix_attention_states,
@@ -108,7 +109,7 @@ def split_sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
         for N in ns:
             R, q, k, v, slot, ref = block_problem(m, N, block, scale, k_pre, v_pre, dev, dt)
             for computed, count in computed_counts(R, dev):
-                default = prefix_attention_states(q, k_pre, v_pre, scale, count)[0].shape[0]
+                default = prefix_attention_states(q, k_pre, v_pre, scale, count, tuning=H200.attention)[0].shape[0]
                 point = dict(model=mname, P=P, N=N, rows=R, computed=computed, default_splits=default)
                 mine = []
                 for S in (SPLIT_CHOICES[:2] if args.quick else SPLIT_CHOICES):
@@ -140,7 +141,7 @@ def one_pass_sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
             for computed, count in computed_counts(R, dev):
 
                 def two(count=count):
-                    o_s, lse_s = prefix_attention_states(q, k_pre, v_pre, scale, count)
+                    o_s, lse_s = prefix_attention_states(q, k_pre, v_pre, scale, count, tuning=H200.attention)
                     return block_attention(q, k, v, slot, o_s, lse_s, scale)
                 err = C.rel_err(two().reshape(R, hq, d)[:computed], ref.reshape(R, hq, d)[:computed])
                 mine.append(dict(point, kernel="two_kernels", computed=computed, ms=C.bench(two, args.quick),
@@ -213,10 +214,10 @@ def main(argv=None):
             rows.append(dict(model=mname, kernel="block_attention", P=P, N=N, rows=R, ms=ms_b, **fl_b,
                              frac_of_floor=fl_b["floor_ms"] / ms_b, max_rel_err=err_b))
 
-            o_s, lse_s = prefix_attention_states(q, k_pre, v_pre, scale, count)
+            o_s, lse_s = prefix_attention_states(q, k_pre, v_pre, scale, count, tuning=H200.attention)
             splits = o_s.shape[0]
             err_s = max(C.rel_err(t, r) for t, r in zip(merge_split_states(o_s, lse_s), (ro, rl)))
-            ms_s = C.bench(lambda: prefix_attention_states(q, k_pre, v_pre, scale, count), args.quick)
+            ms_s = C.bench(lambda: prefix_attention_states(q, k_pre, v_pre, scale, count, tuning=H200.attention), args.quick)
             rows.append(dict(model=mname, kernel="prefix_attention_states", P=P, N=N, rows=R, ms=ms_s, **fl_p,
                              frac_of_floor=fl_p["floor_ms"] / ms_s, max_rel_err=err_s, splits=splits))
             ob = block_attention(q, k, v, slot, o_s, lse_s, scale)
@@ -233,9 +234,9 @@ def main(argv=None):
             rows.append(dict(model=mname, kernel="one_pass_attention", P=P, N=N, rows=R, ms=ms_o, **fl_o,
                              frac_of_floor=fl_o["floor_ms"] / ms_o, max_rel_err=err_o))
 
-            o = branch_attention(q4, k4, v4, k_pre, v_pre, scale)
+            o = branch_attention(q4, k4, v4, k_pre, v_pre, scale, tuning=H200.attention)
             err = C.rel_err(o, branch_attention_ref(q4, k4, v4, k_pre, v_pre, scale))
-            ms = C.bench(lambda: branch_attention(q4, k4, v4, k_pre, v_pre, scale), args.quick)
+            ms = C.bench(lambda: branch_attention(q4, k4, v4, k_pre, v_pre, scale, tuning=H200.attention), args.quick)
             fl = C.floor_ms(2 * hkv * P * d * 2 + 2 * R * hq * d * 2 + 2 * R * hkv * d * 2,
                             4.0 * R * hq * (P + block) * d)
             sdpa_ms = None
