@@ -6,7 +6,7 @@ against the reference.
 ``--sweep``: instead, time the one-split prefix kernel at every (BLOCK_M, BLOCK_P, num_warps, num_stages)
 of a small grid against the shape-based default, with all rows computed and with 19% of them (a
 folded call's count), and print the best per point; rows "prefix_attention_sweep" (launch order of the
-current kernel, row tiles outermost) and "prefix_attention_sweep_old" (sessions 1-7's default config and
+current kernel, row tiles outermost) and "prefix_attention_sweep_old" (the earlier default config and
 launch order, row tiles fastest).
 
 ``--one-pass-sweep``: instead, time one_pass_attention (the block kernel walking the prefix itself, one
@@ -36,7 +36,7 @@ from specfold_compile.kernels.attention_ref import (  # noqa: E402
 
 SWEEP = [(bm, bp, w, st) for bm in (32, 64, 128) for bp in (64, 128)
          for w, st in ((4, 2), (4, 3), (8, 2), (8, 3))]
-OLD_DEFAULT = (64, 64, 4, 2)  # sessions 1-7 at these shapes (rows * group <= 64 * 132)
+OLD_DEFAULT = (64, 64, 4, 2)  # the earlier default at these shapes (rows * group <= 64 * 132)
 ONE_PASS_SWEEP = [(bm, bp, w, st) for bm in (16, 32, 64, 128) for bp in (32, 64)
                   for w, st in ((4, 2), (4, 3), (8, 2))]
 
@@ -97,7 +97,7 @@ def sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
                 best = min((r for r in mine if r["kernel"] == "prefix_attention_sweep"), key=lambda r: r["ms"])
                 old_ms = [r["ms"] for r in mine if r["kernel"] == "prefix_attention_sweep_old"]
                 print(f"best {mname} P={P} N={N} computed={computed}: {best['config']} {best['ms'] * 1e3:.1f} us "
-                      f"(default {default_ms * 1e3:.1f} us, sessions 1-7 {old_ms[0] * 1e3 if old_ms else float('nan'):.1f} us)",
+                      f"(default {default_ms * 1e3:.1f} us, earlier default {old_ms[0] * 1e3 if old_ms else float('nan'):.1f} us)",
                       file=sys.stderr, flush=True)
     return rows
 

@@ -40,7 +40,7 @@ TAU = 0.3  # per_check's: with 6 of 32 positions changed, recompute ratio ~0.19
 def _allow_many_graphs() -> None:
     """Several backends compile the same ``forward`` here, each for a dynamic and a static cache and for
     N = 1 and N > 1: more than Dynamo's default 8 entries per code object, past which it runs the
-    frame eager without a compile (session 14's first run hit it; those rows were discarded)."""
+    frame eager without a compile."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
 
@@ -154,8 +154,8 @@ def shape_rows(args, device: str, kernels: str, device_name: str, build_model, m
     from the host, logits of the masked positions, confidences back to the host), launched and replayed,
     at N = 1, 9 and 17 with drafts changing 6 of 32 positions (recompute ratio ~0.19 at tau = 0.3, as
     per_check's 0.25 target). Both loops read a static cache of 768 keys holding a 512-token prefix
-    (what ``generate`` allocates for 256 new tokens; replayed calls read its 512-key window since
-    session 16), so each mode compiles once; the eager model checks the static cache against the dynamic
+    (what ``generate`` allocates for 256 new tokens; replayed calls read its 512-key
+    window), so each mode compiles once; the eager model checks the static cache against the dynamic
     one at this shape (bf16)."""
     from specfold_compile.decoding.decoder import _verify
 
@@ -222,7 +222,7 @@ def write_rows(args, device: str, device_name: str, build_model, models) -> list
     eager and compiled (Inductor), launched; on a static cache of 768 keys (``append_block_static``: the
     block's K/V written in place, attention over the whole capacity, masked), launched
     (``model.write_block``) and replayed from a CUDA graph (``VerifyGraphs.write_block``, through a
-    768-key window here: since session 16 it reads the smallest 256 x 2^k keys holding prefix and
+    768-key window here: it reads the smallest 256 x 2^k keys holding prefix and
     block), eager and compiled. Each timed static call is followed by a reset of the cache's length (one
     small fill), so every call writes the same block at prefix 512. Every write's seed logits and K/V
     are compared with the dynamic eager write's."""
