@@ -13,10 +13,11 @@ from typing import Any, Callable
 
 import torch
 
-# The H200's ceilings (device-to-device copy bytes/s, REFERENCES.md; bf16 FLOP/s on random data), one
-# definition shared with the backend's packed-linear cost estimate.
-from specfold_compile.fold_ops import GEMM_BYTES_PER_S as COPY_BW
-from specfold_compile.fold_ops import GEMM_FLOPS_PER_S as MATMUL_FLOPS
+from specfold_compile.ops.device_profile import H200
+
+# The H200's ceilings (device-to-device copy bytes/s; bf16 FLOP/s on random data), one definition shared
+# with the backend's packed-linear cost estimate (the device profile).
+COPY_BW, MATMUL_FLOPS = H200.gemm_bytes_per_s, H200.gemm_flops_per_s
 
 
 def versions() -> dict[str, Any]:

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Every GPU result of the README, in parts that each fit one 10-minute device call:
+# Every GPU result of the README, in parts that each fit in 10 minutes of GPU time:
 #   PYTHONPATH=. bash bench/gpu_session.sh PART [ARGS...]   (results under $OUT/PART, or bench/results/PART;
 #   ARGS go to the part's bench.run command, e.g. --budget 280; the per_check parts of different models can
 #   run side by side on a 2-GPU machine, one CUDA_VISIBLE_DEVICES each)
 # then merge the per_check parts: python -m bench.plot bench/results/h200/per_check.json OUT/*/per_check.json
 # (except ablation parts such as min_spill, whose runs use other options: keep those in files of their own)
 # Budget note (H200): an Inductor compile of a real shape takes 25-85 s; per_check marks N and the prefix
-# dynamic, so one model's full per_check took 146-267 s (session 4; session 5 added N = 13 and the plain graph the
+# dynamic, so one model's full per_check took 146-267 s (N = 13 and the plain graph the
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
@@ -22,7 +22,7 @@ case "$part" in
   per_check_1.5b) run --suite per_check --models fast-dllm-v2-1.5b --budget 540 ;;
   per_check_7b)   run --suite per_check --models fast-dllm-v2-7b --budget 540 ;;
   per_check_nld)  run --suite per_check --models nld-3b --budget 540 ;;
-  per_check_split) # the per_check points that split the prefix and predate the split (session 6 ran out of
+  per_check_split) # the per_check points that split the prefix and predate the split (a run out of
                   # device time): 1.5B, prefix 2048, N = 5 and 9 (~250 s, mostly Inductor compiles)
                   run --suite per_check --models fast-dllm-v2-1.5b --prefixes 2048 --ns 5,9 --budget 540 ;;
   unfused)        # ablation: q/k/v and gate/up as separate GEMMs (the models fuse them by default), prefix 512,
@@ -37,7 +37,7 @@ case "$part" in
   breakdown)      # where one forward's kernel time goes at the current defaults: N = 1 and 17, dense eager,
                   # dense under Inductor, SpecFold
                   run --suite breakdown --breakdown-modes dense,dense_compiled,specfold --ns 1,17 --models fast-dllm-v2-1.5b ;;
-  launched)       # session 13: CUDA-graph and launched latency (plain calls each waited for, as generate runs them;
+  launched)       # CUDA-graph and launched latency (plain calls each waited for, as generate runs them;
                   # SpecFold's launched calls run the plain graph unless ARGS add --fold-launched)
                   # at the decode loop's share of logits (59-62%), every N it decodes with, and the block writes: the
                   # table bench.project replays both ways (~7 min a shape): bash bench/gpu_session.sh launched --models NAME
@@ -46,13 +46,13 @@ case "$part" in
                   run --suite writes --prefixes 512 --budget 150 ;;
   launch)         # where a launched call's host time goes (dense under Inductor and SpecFold, N = 1 and 17, ~3 min a shape)
                   run --suite launch --logit-fraction 0.6 ;;
-  decode_loop)    # session 14: generate() with CUDA-graph verification calls against launched ones: the trained model's
+  decode_loop)    # generate() with CUDA-graph verification calls against launched ones: the trained model's
                   # task suite (~2.5 min) or one decode step's call at real shapes (~3.5 min a shape):
                   # bash bench/gpu_session.sh decode_loop --decode-parts trained --limit 20 --repeats 3
                   # bash bench/gpu_session.sh decode_loop --decode-parts shape --models fast-dllm-v2-1.5b,fast-dllm-v2-7b
-                  # session 15: block writes, dynamic cache vs static in place, launched vs replayed (~1.5 min a shape):
+                  # block writes, dynamic cache vs static in place, launched vs replayed (~1.5 min a shape):
                   # bash bench/gpu_session.sh decode_loop --decode-parts writes --models fast-dllm-v2-1.5b,fast-dllm-v2-7b,nld-3b
-                  # session 16: attention windows vs the whole capacity of a 4096-key cache (~3 min a shape):
+                  # attention windows vs the whole capacity of a 4096-key cache (~3 min a shape):
                   # bash bench/gpu_session.sh decode_loop --decode-parts windows --models fast-dllm-v2-1.5b
                   run --suite decode_loop --draft-budget 16 ;;
   end_to_end)     run --suite end_to_end --limit 20 --draft-budget 16 --latencies bench/results/h200/per_check.json --budget 300 ;;
@@ -60,7 +60,7 @@ case "$part" in
                     python bench/kernels/bench_$k.py --out "$OUT/bench_$k.json" 2>&1 | tail -n 3 | tee -a "$OUT/log.txt"
                   done
                   python bench/kernels/check_all.py --out "$OUT/check_all.json" 2>&1 | tail -n 5 | tee -a "$OUT/log.txt" ;;
-  attention_sweep) # the prefix kernel over a grid of tile configs against its default and sessions 1-7's
+  attention_sweep) # the prefix kernel over a grid of tile configs against its default and the earlier default's
                   # (~400 timings a model, ~4 min; one model per call or per GPU: --models fastdllm-1.5b)
                   python bench/kernels/bench_attention.py --sweep --ns 1,5,17,33 --out "$OUT/bench_attention_sweep.json" \
                     "${extra[@]}" 2>&1 | grep --line-buffered "^best" | tee -a "$OUT/log.txt" ;;
@@ -70,14 +70,14 @@ case "$part" in
                     --out "$OUT/bench_attention_split_sweep.json" "${extra[@]}" 2>&1 | grep --line-buffered "^split" \
                     | tee -a "$OUT/log.txt" ;;
   per_check_2048) # what the split count does to a forward: prefix 2048 only, no dense Inductor (~2 min a shape;
-                  # session 9: bash bench/gpu_session.sh per_check_2048 --models NAME)
+                  # bash bench/gpu_session.sh per_check_2048 --models NAME)
                   run --suite per_check --prefixes 2048 --ns 1,5,9,17,33 --ratios 0.1,0.25,0.5 --no-inductor --budget 280 ;;
-  one_pass_sweep) # one-pass attention against the two kernels at 24 tile configs, both shapes (~5 min, session 10)
+  one_pass_sweep) # one-pass attention against the two kernels at 24 tile configs, both shapes (~5 min)
                   python bench/kernels/bench_attention.py --one-pass-sweep --prefixes 512,1024 --ns 1,5,9,17,33 \
                     --out "$OUT/bench_attention_one_pass_sweep.json" "${extra[@]}" 2>&1 \
                     | { grep --line-buffered "^one_pass" || true; } | tee -a "$OUT/log.txt" ;;
   one_pass)       # per_check with one-pass attention on (the default) and off, prefix 512, N = 1, 5, 9 (~3 min a
-                  # shape, session 10): bash bench/gpu_session.sh one_pass --models NAME
+                  # shape): bash bench/gpu_session.sh one_pass --models NAME
                   for v in 1024 -1; do
                     OUT="$OUT/max_prefix_$v" python -m bench.run --suite per_check --prefixes 512 --ns 1,5,9 \
                       --ratios 0.25 --no-inductor --one-pass-max-prefix $v --budget 150 "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
@@ -100,8 +100,8 @@ case "$part" in
                     rm -f "$OUT/${m}_us$us/per_check.png"
                   done; done ;;
   dense_fraction) # options["dense_fraction"] 0.2 (a 128-row cuBLAS head up to N = 17, 256 at N = 33) against the
-                  # default 0.45 (256 / 512 rows), prefix 512, folded calls, back to back (~5-6 min a shape; session
-                  # 11 ran it with --budget 120, which stopped 7B and NLD-3B at 0.45 before N = 33):
+                  # default 0.45 (256 / 512 rows), prefix 512, folded calls, back to back (~5-6 min a shape;
+                  # --budget 120 stops 7B and NLD-3B at 0.45 before N = 33):
                   # bash bench/gpu_session.sh dense_fraction --models NAME
                   for f in 0.45 0.2; do
                     OUT="$OUT/frac_$f" python -m bench.run --suite per_check --prefixes 512 --ns 9,13,17,33 \
@@ -111,7 +111,7 @@ case "$part" in
                   done ;;
   logit_positions) # per_check at prefix 512 with every position's logits and with half of them (--logit-fraction
                   # 0.5; the decode loop asks for the masked positions' only, 59-62% of a multi-branch call's rows),
-                  # back to back, every mode (~4-5 min a variant; session 12): bash bench/gpu_session.sh
+                  # back to back, every mode (~4-5 min a variant): bash bench/gpu_session.sh
                   # logit_positions --models NAME [--ratios ...]
                   for f in all 0.5; do
                     flag=(); [ "$f" = all ] || flag=(--logit-fraction "$f")
@@ -119,7 +119,7 @@ case "$part" in
                       "${flag[@]}" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
                     rm -f "$OUT/logits_$f/per_check.png"
                   done ;;
-  cli)            # session 17: the command line on the GPU, from the source tree: `specfold generate` on the first
+  cli)            # the command line on the GPU, from the source tree: `specfold generate` on the first
                   # demo problem, Spiffy and SpecFold, tau 0 and 0.1, launched, with --cuda-graphs and with
                   # --compile-writes (SpecFold); per run its rc, the md5 and first line of the text before the
                   # statistics line, the statistics; then `specfold demo --cuda-graphs` (exits 1 unless

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from bench.common import check_output
-from bench.run import _CallRecorder
+from bench.suites.end_to_end import CallRecorder
 
 
 def main(argv=None) -> dict:
@@ -39,7 +39,7 @@ def main(argv=None) -> dict:
                              options={"tau": 0.1, "kernels": "torch", "fold_min_branches": 2})
     calls = []  # (N, host count, [computed rows per layer])
 
-    class Recorder(_CallRecorder):  # bench.run's recorder (each call's fold stats), plus the host count
+    class Recorder(CallRecorder):  # the end_to_end suite's recorder (each call's fold stats), plus the host count
         def __call__(self, tokens, parents, cache, logit_positions=None):
             out = super().__call__(tokens, parents, cache, logit_positions)
             n, stats = self.calls[-1]

@@ -9,7 +9,7 @@
 
 ``python -m bench.plot RESULT.json`` plots any of these (by the JSON's "suite"), writing RESULT.png;
 ``python -m bench.plot OUT.json IN1.json IN2.json ...`` first merges the rows of several runs of one
-suite (e.g. one device call per model) into OUT.json; a later run's row replaces an earlier row of the
+suite (e.g. one run per model) into OUT.json; a later run's row replaces an earlier row of the
 same point (model, prefix, N, mode, target ratio; a breakdown row's part too). An existing OUT.json is
 merged first, so its other points stay (delete it to start over). One JSON holds one configuration of
 options: ablations (another ``--dense-fraction``, say) go to files of their own.

@@ -6,7 +6,7 @@ against the reference.
 ``--sweep``: instead, time the one-split prefix kernel at every (BLOCK_M, BLOCK_P, num_warps, num_stages)
 of a small grid against the shape-based default, with all rows computed and with 19% of them (a
 folded call's count), and print the best per point; rows "prefix_attention_sweep" (launch order of the
-current kernel, row tiles outermost) and "prefix_attention_sweep_old" (sessions 1-7's default config and
+current kernel, row tiles outermost) and "prefix_attention_sweep_old" (the earlier default config and
 launch order, row tiles fastest).
 
 ``--one-pass-sweep``: instead, time one_pass_attention (the block kernel walking the prefix itself, one
@@ -24,6 +24,7 @@ import _common as C  # noqa: E402
 
 import torch  # noqa: E402
 
+from specfold_compile.ops.device_profile import H200  # noqa: E402
 from specfold_compile.kernels.attention import (  # noqa: E402
     SPLIT_CHOICES, _one_pass_config, block_attention, branch_attention, one_pass_attention, prefix_attention,
     prefix_attention_states,
@@ -35,7 +36,7 @@ from specfold_compile.kernels.attention_ref import (  # noqa: E402
 
 SWEEP = [(bm, bp, w, st) for bm in (32, 64, 128) for bp in (64, 128)
          for w, st in ((4, 2), (4, 3), (8, 2), (8, 3))]
-OLD_DEFAULT = (64, 64, 4, 2)  # sessions 1-7 at these shapes (rows * group <= 64 * 132)
+OLD_DEFAULT = (64, 64, 4, 2)  # the earlier default at these shapes (rows * group <= 64 * 132)
 ONE_PASS_SWEEP = [(bm, bp, w, st) for bm in (16, 32, 64, 128) for bp in (32, 64)
                   for w, st in ((4, 2), (4, 3), (8, 2))]
 
@@ -96,7 +97,7 @@ def sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
                 best = min((r for r in mine if r["kernel"] == "prefix_attention_sweep"), key=lambda r: r["ms"])
                 old_ms = [r["ms"] for r in mine if r["kernel"] == "prefix_attention_sweep_old"]
                 print(f"best {mname} P={P} N={N} computed={computed}: {best['config']} {best['ms'] * 1e3:.1f} us "
-                      f"(default {default_ms * 1e3:.1f} us, sessions 1-7 {old_ms[0] * 1e3 if old_ms else float('nan'):.1f} us)",
+                      f"(default {default_ms * 1e3:.1f} us, earlier default {old_ms[0] * 1e3 if old_ms else float('nan'):.1f} us)",
                       file=sys.stderr, flush=True)
     return rows
 
@@ -108,7 +109,7 @@ def split_sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
         for N in ns:
             R, q, k, v, slot, ref = block_problem(m, N, block, scale, k_pre, v_pre, dev, dt)
             for computed, count in computed_counts(R, dev):
-                default = prefix_attention_states(q, k_pre, v_pre, scale, count)[0].shape[0]
+                default = prefix_attention_states(q, k_pre, v_pre, scale, count, tuning=H200.attention)[0].shape[0]
                 point = dict(model=mname, P=P, N=N, rows=R, computed=computed, default_splits=default)
                 mine = []
                 for S in (SPLIT_CHOICES[:2] if args.quick else SPLIT_CHOICES):
@@ -140,7 +141,7 @@ def one_pass_sweep(args, models, block, prefixes, ns, dev, dt) -> list[dict]:
             for computed, count in computed_counts(R, dev):
 
                 def two(count=count):
-                    o_s, lse_s = prefix_attention_states(q, k_pre, v_pre, scale, count)
+                    o_s, lse_s = prefix_attention_states(q, k_pre, v_pre, scale, count, tuning=H200.attention)
                     return block_attention(q, k, v, slot, o_s, lse_s, scale)
                 err = C.rel_err(two().reshape(R, hq, d)[:computed], ref.reshape(R, hq, d)[:computed])
                 mine.append(dict(point, kernel="two_kernels", computed=computed, ms=C.bench(two, args.quick),
@@ -213,10 +214,10 @@ def main(argv=None):
             rows.append(dict(model=mname, kernel="block_attention", P=P, N=N, rows=R, ms=ms_b, **fl_b,
                              frac_of_floor=fl_b["floor_ms"] / ms_b, max_rel_err=err_b))
 
-            o_s, lse_s = prefix_attention_states(q, k_pre, v_pre, scale, count)
+            o_s, lse_s = prefix_attention_states(q, k_pre, v_pre, scale, count, tuning=H200.attention)
             splits = o_s.shape[0]
             err_s = max(C.rel_err(t, r) for t, r in zip(merge_split_states(o_s, lse_s), (ro, rl)))
-            ms_s = C.bench(lambda: prefix_attention_states(q, k_pre, v_pre, scale, count), args.quick)
+            ms_s = C.bench(lambda: prefix_attention_states(q, k_pre, v_pre, scale, count, tuning=H200.attention), args.quick)
             rows.append(dict(model=mname, kernel="prefix_attention_states", P=P, N=N, rows=R, ms=ms_s, **fl_p,
                              frac_of_floor=fl_p["floor_ms"] / ms_s, max_rel_err=err_s, splits=splits))
             ob = block_attention(q, k, v, slot, o_s, lse_s, scale)
@@ -233,9 +234,9 @@ def main(argv=None):
             rows.append(dict(model=mname, kernel="one_pass_attention", P=P, N=N, rows=R, ms=ms_o, **fl_o,
                              frac_of_floor=fl_o["floor_ms"] / ms_o, max_rel_err=err_o))
 
-            o = branch_attention(q4, k4, v4, k_pre, v_pre, scale)
+            o = branch_attention(q4, k4, v4, k_pre, v_pre, scale, tuning=H200.attention)
             err = C.rel_err(o, branch_attention_ref(q4, k4, v4, k_pre, v_pre, scale))
-            ms = C.bench(lambda: branch_attention(q4, k4, v4, k_pre, v_pre, scale), args.quick)
+            ms = C.bench(lambda: branch_attention(q4, k4, v4, k_pre, v_pre, scale, tuning=H200.attention), args.quick)
             fl = C.floor_ms(2 * hkv * P * d * 2 + 2 * R * hq * d * 2 + 2 * R * hkv * d * 2,
                             4.0 * R * hq * (P + block) * d)
             sdpa_ms = None

@@ -4,18 +4,18 @@ group whose end is ``count`` (CUTLASS on Hopper: row tiles past the count do no 
 weight read once), one decoder layer's packed linears (qkv, gate_up, down), weights cold in L2.
 
     PYTHONPATH=. python bench/kernels/bench_count_gemm.py --models fast-dllm-v2-1.5b,fast-dllm-v2-7b,nld-3b \
-        --out bench/results/h200/session11/call2/bench_count_gemm.json
+        --out bench/results/h200/bench_count_gemm.json
 
 Rows: {"model", "rows" (R = N * 32), "count", "variant", "us" (per layer, CUDA-graph replays), "err"
 (relative error of the computed rows against fp32)}. Also probes whether this torch can capture CUDA-graph
 conditional nodes (``torch.cuda.CUDAGraph.begin_capture_to_if_node``).
 
 ``--spill-configs``: instead, the spill kernel alone (rows past the 256-row head of R = 544, each linear
-apart) at every tile config of sessions 3-10 (a superset of what the autotuner now chooses from:
-``packed_linear.MIN_BLOCK_R``), for counts from 256 (nothing spills: the launch of exiting programs) to
+apart) at every tile config of the autotuner's candidates (a superset of what it chooses from under the
+device profile's ``packed_linear_min_block_r``), for counts from 256 (nothing spills: the launch of exiting programs) to
 544, next to what the autotuner picked (tuned with a quarter of the spill rows computed). Rows:
 {"model", "linear", "count", "config", "us", "err"}, and per linear the autotuner's picks so far
-({key: config}) with the MIN_BLOCK_R it chose under.
+({key: config}) with the min_block_r it chose under.
 """
 from __future__ import annotations
 
@@ -64,7 +64,10 @@ def spill_configs(models) -> list[dict]:
 
     import triton
 
+    from specfold_compile.backend.settings import Tuning
+
     pl = importlib.import_module("specfold_compile.kernels.packed_linear")  # the module, not the function
+    min_block_r = Tuning().packed_linear_min_block_r  # the profile's, or $SPECFOLD_PACKED_LINEAR_MIN_BLOCK_R
 
     R, head, rows = 544, 256, []
     for name in models:
@@ -76,7 +79,7 @@ def spill_configs(models) -> list[dict]:
             count = torch.zeros((), device="cuda", dtype=torch.int64)
             configs = {"autotuned": None}
             configs.update({f"{c.kwargs['BLOCK_R']}x{c.kwargs['BLOCK_N']}x{c.kwargs['BLOCK_K']}w{c.num_warps}s{c.num_stages}": c
-                            for c in pl._cuda_configs(16)})  # every config, old and current
+                            for c in pl._cuda_configs(16)})  # every candidate
             for c in SPILL_COUNTS:
                 for cname, cfg in configs.items():
                     count.fill_(c)
@@ -84,7 +87,7 @@ def spill_configs(models) -> list[dict]:
                     def run(cfg=cfg):
                         for w in weights:
                             if cfg is None:
-                                pl.packed_linear(x, w, None, count, row_start=head, out=y)
+                                pl.packed_linear(x, w, None, count, min_block_r=min_block_r, row_start=head, out=y)
                                 continue
                             meta = cfg.kwargs
                             grid = (triton.cdiv(R - head, meta["BLOCK_R"]), triton.cdiv(m, meta["BLOCK_N"]))
@@ -104,9 +107,9 @@ def spill_configs(models) -> list[dict]:
                         row["error"] = repr(exc)[:200]
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-            if pl._packed_linear_kernel_tuned is not None:
-                picked = {str(k): str(v) for k, v in pl._packed_linear_kernel_tuned.cache.items()}
-                rows.append({"model": name, "linear": lname, "min_block_r": pl.MIN_BLOCK_R,
+            if pl.use_autotune():
+                picked = {str(k): str(v) for k, v in pl._tuned_kernel(min_block_r).cache.items()}
+                rows.append({"model": name, "linear": lname, "min_block_r": min_block_r,
                              "autotuned_configs_so_far": picked})
             del weights
     return rows
@@ -119,7 +122,7 @@ def main() -> None:
         with open(args.out, "w") as fh:
             json.dump(rows, fh, indent=1)
         return
-    from specfold_compile import fold_ops
+    from specfold_compile.ops import fold_ops
 
     probe = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(),
              "conditional_nodes": hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"),

@@ -2,7 +2,7 @@
 linears cost), weights cold in L2: each timing cycles through enough copies of the weight (>= 400 MB) that
 none is still cached, as in a forward, where every weight is read once.
 
-    PYTHONPATH=. python bench/kernels/bench_cublas_gemm.py --out bench/results/h200/session7/call1/bench_cublas_gemm.json
+    PYTHONPATH=. python bench/kernels/bench_cublas_gemm.py --out bench/results/h200/bench_cublas_gemm.json
 
 Rows: {"model", "weight", "M" (rows), "out", "in", "us", "GBps" (weight bytes / time), "TFLOPs"}.
 """

@@ -4,7 +4,7 @@ fused weight shapes and the cuBLAS head's row counts, weights cold in L2 (as ben
 272-row buffer (as a packed linear's head), ``nn`` = the weight stored transposed ([in, out],
 contiguous); each with cuBLAS and with cuBLASLt (torch.backends.cuda.preferred_blas_library).
 
-    PYTHONPATH=. python bench/kernels/bench_cublas_variants.py --out bench/results/h200/session8/call1/gemm_probe.json
+    PYTHONPATH=. python bench/kernels/bench_cublas_variants.py --out bench/results/h200/gemm_probe.json
 
 Rows: {"model", "weight", "M", "<variant>_<library>": microseconds per GEMM, ...}.
 """

@@ -20,8 +20,9 @@ import _common as C  # noqa: E402  (sets TRITON_INTERPRET on CPU before the kern
 
 import torch  # noqa: E402
 
-from specfold_compile import fold_ops  # noqa: E402
-from specfold_compile.backend.settings import SpecFoldSettings  # noqa: E402
+from specfold_compile.ops import fold_ops  # noqa: E402
+from specfold_compile.backend.settings import Tuning  # noqa: E402
+from specfold_compile.ops.device_profile import H200  # noqa: E402
 from specfold_compile.kernels.packed_linear import packed_linear  # noqa: E402
 from specfold_compile.kernels.packed_linear_ref import packed_linear_ref  # noqa: E402
 
@@ -37,7 +38,7 @@ def layers(m):
 
 
 FRACTIONS = (1.0, 0.44, 0.25)
-DENSE_FRACTION = SpecFoldSettings().dense_fraction  # the backend's default (0.3 for the session-3 JSONs)
+DENSE_FRACTION = Tuning().dense_fraction  # the backend's default
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -76,9 +77,9 @@ def main(argv=None):
                 for frac in FRACTIONS:
                     c = max(1, int(R * frac))
                     count = torch.tensor(c, dtype=torch.int64, device=dev)
-                    y = packed_linear(x, w, b, count)
+                    y = packed_linear(x, w, b, count, min_block_r=H200.packed_linear_min_block_r)
                     err = C.rel_err(y[:c], ref[:c])
-                    ms = C.bench(lambda: packed_linear(x, w, b, count), args.quick)
+                    ms = C.bench(lambda: packed_linear(x, w, b, count, min_block_r=H200.packed_linear_min_block_r), args.quick)
                     fl = C.floor_ms(M * K * 2 + c * K * 2 + c * M * 2, 2.0 * c * M * K)
                     torch_ms = C.bench(lambda: torch.nn.functional.linear(x[:c], w, b), args.quick)
                     y_op = fold_ops.packed_linear(x, w, b, count, DENSE_FRACTION, "triton")

@@ -15,6 +15,7 @@ import _common as C  # noqa: E402
 
 import torch  # noqa: E402
 
+from specfold_compile.ops.device_profile import H200  # noqa: E402
 from specfold_compile.kernels import (  # noqa: E402
     block_attention, block_attention_ref, branch_attention, branch_attention_ref, fold_gate,
     fold_gate_ref, merge_split_states, one_pass_attention, packed_linear, packed_linear_ref, prefix_attention,
@@ -75,7 +76,7 @@ def main(argv=None):
         q4 = torch.randn(N, block, hq, d, device=dev).to(dt)
         k4 = torch.randn(N, block, hkv, d, device=dev).to(dt)
         v4 = torch.randn(N, block, hkv, d, device=dev).to(dt)
-        o = branch_attention(q4, k4, v4, k_pre, v_pre, scale)
+        o = branch_attention(q4, k4, v4, k_pre, v_pre, scale, tuning=H200.attention)
         r = branch_attention_ref(q4.float(), k4.float(), v4.float(), k_pre.float(), v_pre.float(), scale)
         record(mname, "branch_attention", C.rel_err(o, r))
         # packed linear at each projection shape, count in the middle
@@ -84,7 +85,7 @@ def main(argv=None):
             x = torch.randn(R, K, device=dev).to(dt)
             w = (torch.randn(M, K, device=dev) * K ** -0.5).to(dt)
             b = torch.randn(M, device=dev).to(dt) if bias else None
-            y = packed_linear(x, w, b, count)
+            y = packed_linear(x, w, b, count, min_block_r=H200.packed_linear_min_block_r)
             ref = packed_linear_ref(x.float(), w.float(), None if b is None else b.float())
             record(mname, f"packed_linear.{lname}", C.rel_err(y[:c], ref[:c]))
         # packed SwiGLU on the halves of a fused gate_up output, count in the middle

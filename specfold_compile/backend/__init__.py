@@ -20,12 +20,12 @@ import torch
 from torch.fx import GraphModule
 
 from .. import passes
-from ..fold_ops import invalid_parents_seen
+from ..ops.fold_ops import invalid_parents_seen
 from . import dispatch, recompile_limit
 from .dispatch import fold_launched_calls
 from .recompile_limit import RecompileLimitError
 from .settings import SpecFoldSettings
-from .stats import FoldStats, collect_stats
+from ..ops.stats import FoldStats, collect_stats
 
 log = logging.getLogger("specfold_compile")
 

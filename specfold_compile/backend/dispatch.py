@@ -2,8 +2,8 @@
 
 Folding saves the rows it does not compute and costs a fixed set of launches per layer (gate, origin
 resolution, packing, spills). With few branches every row of a linear reads the same weights, so the
-linears are bandwidth-bound and skipping rows saves nothing: the launches are pure overhead (H200,
-session 4: SpecFold 1.02-1.11x dense under Inductor at N = 5). So the backend decides per call, on the
+linears are bandwidth-bound and skipping rows saves nothing: the launches are pure overhead (H200:
+SpecFold 1.02-1.11x dense under Inductor at N = 5, every call folded). So the backend decides per call, on the
 host, from N alone (no device value is read): ``FoldPlan.fold_at(n)``. When some branch counts fold
 and others do not, the plain graph is compiled alongside the folded one and ``FoldDispatch`` picks.
 
@@ -11,8 +11,8 @@ The cost model counts GPU time, which is what a call costs when it is replayed f
 Launched from the host instead, a call costs its host work, and a folded forward's is much larger:
 on the H200's host, 507 launches and 168 custom ops, 34-58 ms a forward launched at 1.5B and 7B,
 against 10-29 ms for the plain graph under Inductor (which takes 2-15 ms on the GPU): launched folded
-calls were 1.8-3.3x slower than plain ones (docs/results.md "Launched calls"). So with the cost model (and
-``fold_launched=False``, the default) a call folds only while it is being captured into a CUDA graph;
+calls were 1.8-3.3x slower than plain ones. So with the cost model (and
+``Tuning.fold_launched=False``, the default) a call folds only while it is being captured into a CUDA graph;
 launched, it runs the plain graph. The first launched call at each N also runs the folded graph once,
 unrecorded and its result dropped, so that the folded graph's first run (autotuning, whose key
 depends on N only) happens outside any capture that follows; launched results are always the plain
@@ -30,16 +30,11 @@ from typing import Any, Callable
 import torch
 from torch.fx import GraphModule, Node
 
-from .. import fold_ops
+from ..ops import fold_ops
 from ..passes import ops_table as T
 from ..passes.analyze import Analysis
 from ..passes.lower_kernels import resolve_impl
-from . import stats
-
-# Dynamic-N graphs: which variants to compile is decided over N = 2..MAX_PLANNED_BRANCHES (beyond it,
-# a call runs whichever variant exists when its own decision's variant was not compiled).
-MAX_PLANNED_BRANCHES = 128
-
+from ..ops import stats
 
 @dataclass
 class FoldPlan:
@@ -102,12 +97,14 @@ def _cost_model_applies(impl: str, device_type: str) -> bool:
 def cost_model_folds(n: int, block: int, weight_shapes: list[tuple[int, int]], regions: int, settings: Any,
                      itemsize: int = 2) -> bool:
     """The cost model's decision for a call of ``n`` branches of ``block`` positions, whose gated
-    ``regions`` pack linears of ``weight_shapes`` ((out, in), all regions together)."""
+    ``regions`` pack linears of ``weight_shapes`` ((out, in), all regions together), under
+    ``settings.tuning`` (its roofline and ``fold_overhead_us``)."""
     if n < 2:
         return False
-    saving = fold_ops.fold_saving_us(n * block, weight_shapes, settings.dense_fraction, settings.min_spill_us,
-                                     itemsize)
-    return saving > fold_ops.FOLD_OVERHEAD_US * regions
+    tuning = settings.tuning
+    saving = fold_ops.fold_saving_us(n * block, weight_shapes, tuning.dense_fraction, tuning.min_spill_us,
+                                     itemsize, costs=tuning)
+    return saving > tuning.fold_overhead_us * regions
 
 
 def fold_plan(gm: GraphModule, settings: Any) -> FoldPlan:
@@ -115,10 +112,10 @@ def fold_plan(gm: GraphModule, settings: Any) -> FoldPlan:
     analysis: Analysis = gm.meta["specfold"]
     marker_value = analysis.marker.meta["example_value"]
     n, block = marker_value.shape[0], marker_value.shape[1]
-    k = settings.fold_min_branches
+    k, planned = settings.tuning.fold_min_branches, settings.tuning.max_planned_branches
     impl = resolve_impl(settings.kernels, marker_value.device.type)
     cost_model = k is None and _cost_model_applies(impl, marker_value.device.type) and type(block) is int
-    launched_plain = cost_model and not settings.fold_launched
+    launched_plain = cost_model and not settings.tuning.fold_launched
     launched = ("; launched calls (not captured in a CUDA graph) run the plain graph, the first at each N also "
                 "warming the folded one (fold_launched=False)") if launched_plain else ""
     if k is not None:
@@ -134,7 +131,7 @@ def fold_plan(gm: GraphModule, settings: Any) -> FoldPlan:
                 memo[b] = cost_model_folds(b, block, shapes, regions, settings, itemsize)
             return memo[b]
         why = (f"cost model: fold a call when its {len(shapes)} linears are estimated to save more than "
-               f"{fold_ops.FOLD_OVERHEAD_US:g} us x {regions} gated regions")
+               f"{settings.tuning.fold_overhead_us:g} us x {regions} gated regions")
     else:
         fold_at = lambda b: b >= 2  # noqa: E731
         why = f"fold every multi-branch call (no cost model for kernels={impl} on {marker_value.device.type})"
@@ -144,11 +141,11 @@ def fold_plan(gm: GraphModule, settings: Any) -> FoldPlan:
         return FoldPlan(fold_at, "both" if both else "folded" if folds else "plain", description=(
             f"{why}; N = {n} (static): {'folded' if folds else 'not folded, the plain graph runs'}"
             f"{launched if both else ''}"), decisions={n: folds}, launched_plain=both, static_n=n)
-    decisions = {b: fold_at(b) for b in range(2, MAX_PLANNED_BRANCHES + 1)}
+    decisions = {b: fold_at(b) for b in range(2, planned + 1)}
     folded = sorted(b for b, f in decisions.items() if f)
     if not folded:
         return FoldPlan(fold_at, "plain", description=(
-            f"{why}; no N up to {MAX_PLANNED_BRANCHES} folds: the plain graph runs"), decisions=decisions)
+            f"{why}; no N up to {planned} folds: the plain graph runs"), decisions=decisions)
     if len(folded) == len(decisions) and not launched_plain:
         return FoldPlan(fold_at, "folded", description=f"{why}; every N folds", decisions=decisions)
     index, is_dim = _n_input(gm, n)

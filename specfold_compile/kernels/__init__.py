@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from .attention_tuning import AttentionTuning
 from .attention_ref import (
     block_attention_ref,
     branch_attention_ref,
@@ -75,7 +76,7 @@ def triton_available() -> bool:
 
 
 __all__ = [
-    "triton_available", "refuse_broken_bf16",
+    "triton_available", "refuse_broken_bf16", "AttentionTuning",
     "fold_gate", "fold_gate_from_flags", "resolve_folds", "fold_gate_ref", "fold_flags_ref", "resolve_folds_ref",
     "prefix_attention", "prefix_attention_states", "block_attention", "branch_attention", "one_pass_attention",
     "slot_attention",

@@ -33,6 +33,7 @@ import triton.language as tl
 from . import _common
 
 from ._common import dot_precision, expect, interpreting, tl_dtype
+from .attention_tuning import AttentionTuning
 from .interpreter_bf16 import refuse_broken_bf16
 
 
@@ -238,23 +239,16 @@ def _prefix_config(M_total: int, D: int) -> tuple[int, int, int, int]:
         return 16, 16, 4, 2
     if M_total <= 64 * 132:
         # three stages beat two at every point of the H200 sweep (1.5B and 7B shapes, prefix 512 / 2048,
-        # N = 5 / 17, all rows or 19% computed: 8-18% faster; bench/results/h200/session8/call2)
+        # N = 5 / 17, all rows or 19% computed: 8-18% faster; ``bench/kernels/bench_attention.py --sweep``)
         return 64, 64, 4, 3
     return 128, 64, 8, 2
 
 
 # Attention runs in one pass (``one_pass_attention``: the block kernel walks the prefix itself, for every
-# row, in programs of 16 query rows of one kv head) when the prefix has at most ONE_PASS_MAX_PREFIX keys
-# and the walk, rows x query heads x prefix keys, is at most ONE_PASS_MAX_WORK; otherwise a prefix kernel
-# writes states for the computed rows and the block kernel merges them (two launches and a state round
-# trip; from 1024 keys on it can split the prefix). On the H200 (``bench_attention.py
-# --one-pass-sweep``, session 10), both kernels (every row) against one pass, us: prefix 512, N = 1
-# 17.7 -> 10.3 at 1.5B and 18.0 -> 10.4 at 7B, N = 5 18.1 -> 10.7 and 18.8 -> 17.2 (7B: 160 rows x 28
-# heads x 512 keys, the bound); prefix 1024, N = 1 19.9 -> 17.4 and 20.1 -> 17.4, N = 5 20.2 -> 17.7 at
-# 1.5B but 25.4 -> 29.3 at 7B; at N = 17 one pass lost or tied at both shapes (7B, prefix 512: 29.8
-# against 24.4 with 19% of the rows computed). ONE_PASS_MAX_PREFIX = -1 turns one pass off (to bisect).
-ONE_PASS_MAX_PREFIX = 1024
-ONE_PASS_MAX_WORK = 160 * 28 * 512
+# row, in programs of 16 query rows of one kv head) when the prefix and the walk (rows x query heads x
+# prefix keys) are small enough (``AttentionTuning.one_pass_max_prefix`` / ``one_pass_max_work``);
+# otherwise a prefix kernel writes states for the computed rows and the block kernel merges them (two
+# launches and a state round trip; from ``min_split_prefix`` keys on it can split the prefix).
 
 
 def _one_pass_config() -> tuple[int, int, int, int]:
@@ -265,11 +259,11 @@ def _one_pass_config() -> tuple[int, int, int, int]:
     return 16, 64, 4, 3
 
 
-def use_one_pass(rows: int, q_heads: int, prefix: int) -> bool:
+def use_one_pass(rows: int, q_heads: int, prefix: int, tuning: AttentionTuning) -> bool:
     """Whether ``slot_attention`` runs one pass for ``rows`` rows (N * B, each walking the prefix) of
     ``q_heads`` query heads over ``prefix`` keys (shapes only: a captured CUDA graph replays the same
     launches)."""
-    return prefix <= ONE_PASS_MAX_PREFIX and rows * q_heads * prefix <= ONE_PASS_MAX_WORK
+    return prefix <= tuning.one_pass_max_prefix and rows * q_heads * prefix <= tuning.one_pass_max_work
 
 
 def _check_tile_config(config) -> tuple[int, int, int, int]:
@@ -285,26 +279,10 @@ def _check_tile_config(config) -> tuple[int, int, int, int]:
 
 SPLIT_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
 MAX_PREFIX_SPLITS = SPLIT_CHOICES[-1]
-# The split count's cost model, from the H200 kernel benchmarks (bench/kernels/bench_attention.py):
-# walking the prefix costs ~1.0 us a 64-key tile in a program (session 6: 36 us for 2048 keys at N = 1),
-# and every split beyond the first costs the block kernel's merge ~1.6 us, more once the rows x query
-# heads merged grow past ~3500 (3.3-4.5 us a split at 7B, N = 17; 5-7 us at N = 33), hence
-# max(SPLIT_MERGE_US, SPLIT_MERGE_US_PER_ROW_HEAD * rows * Hq); SPLIT_MERGE_US = 2.5 rather than 1.6 also
-# charges what the extra programs cost the prefix kernel (fitted, with PROGRAMS_PER_SM and
-# FOLDED_ROWS_GUESS, to session 9's ``--split-sweep``: 60 points of 1.5B / 7B, prefix 1024-4096,
-# N = 1-33, all rows or 19% computed; the rule's pick is 1.02x the best split count on average, 1.10x at
-# worst, against 1.17x / 2.18x for session 6's rule of one working program per SM). Up to
-# PROGRAMS_PER_SM working programs share an SM. A folded call (a device-side count) recomputes 16-25% of
-# its draft rows in the task suite at tau = 0.1, and every row of the main block (N = 17, r = 0.19: 129 of
-# 544 rows), so its working programs are estimated from FOLDED_ROWS_GUESS of the rows. At 512 keys
-# splitting lost at every N measured (session 6; N = 1: 18 -> 22 us for both kernels), so shorter
-# prefixes than MIN_SPLIT_PREFIX never split.
-SPLIT_TILE_US = 1.0
-SPLIT_MERGE_US = 2.5
-SPLIT_MERGE_US_PER_ROW_HEAD = 0.45e-3
-PROGRAMS_PER_SM = 2
-FOLDED_ROWS_GUESS = 0.25
-MIN_SPLIT_PREFIX = 1024
+# The split count's cost model (``AttentionTuning``; the numbers and what they were fitted to are in
+# ``ops/device_profile.py``): a program walks its share of the prefix's key tiles at ``split_tile_us`` a
+# tile, and every split beyond the first costs the block kernel's merge max(split_merge_us,
+# split_merge_us_per_row_head * rows * Hq); at most ``programs_per_sm`` working programs share an SM.
 
 
 @functools.lru_cache(maxsize=None)
@@ -312,35 +290,36 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def prefix_splits(programs: int, P: int, block_p: int, device: torch.device, row_heads: int = 0) -> int:
+def prefix_splits(programs: int, P: int, block_p: int, device: torch.device, row_heads: int = 0, *,
+                  tuning: AttentionTuning) -> int:
     """The split count with the least estimated time of both kernels: the key tiles each program walks
     plus the merge cost of the extra states (``row_heads``: rows x query heads the block kernel merges),
-    among the counts of SPLIT_CHOICES that put at most PROGRAMS_PER_SM of the ``programs`` (the ones
-    expected to have rows) on an SM. One split off the GPU and below MIN_SPLIT_PREFIX keys. From shapes
-    only, so a captured CUDA graph replays the same launch."""
-    if device.type != "cuda" or interpreting() or P < MIN_SPLIT_PREFIX:
+    among the counts of SPLIT_CHOICES that put at most ``tuning.programs_per_sm`` of the ``programs``
+    (the ones expected to have rows) on an SM. One split off the GPU and below
+    ``tuning.min_split_prefix`` keys. From shapes only, so a captured CUDA graph replays the same launch."""
+    if device.type != "cuda" or interpreting() or P < tuning.min_split_prefix:
         return 1
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     tiles = triton.cdiv(P, block_p)
-    most = max(1, min(tiles, MAX_PREFIX_SPLITS, PROGRAMS_PER_SM * sms // max(programs, 1)))
-    merge_us = max(SPLIT_MERGE_US, SPLIT_MERGE_US_PER_ROW_HEAD * row_heads)
+    most = max(1, min(tiles, MAX_PREFIX_SPLITS, tuning.programs_per_sm * sms // max(programs, 1)))
+    merge_us = max(tuning.split_merge_us, tuning.split_merge_us_per_row_head * row_heads)
     return min((s for s in SPLIT_CHOICES if s <= most),
-               key=lambda s: SPLIT_TILE_US * triton.cdiv(tiles, s) + merge_us * (s - 1))
+               key=lambda s: tuning.split_tile_us * triton.cdiv(tiles, s) + merge_us * (s - 1))
 
 
 def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.Tensor, scale: float,
                             count: torch.Tensor | None = None, splits: int | None = None,
                             config: tuple[int, int, int, int] | None = None, row_tiles_outer: bool = True,
-                            prefix_len: torch.Tensor | None = None):
+                            prefix_len: torch.Tensor | None = None, tuning: AttentionTuning | None = None):
     """q [R,Hq,D] (strided ok, last dim contiguous); k_pre, v_pre [Hkv,P,D] (strided views ok).
     Returns S states over consecutive key ranges of the prefix: (o [S,R,Hq,D] float32, lse [S,R,Hq]
     float32, natural log); merged (attention_ref.merge_states) they are the attention over the whole
-    prefix. ``splits``: S (None: ``prefix_splits``, which with a ``count`` assumes FOLDED_ROWS_GUESS
-    of the rows compute). With `count` (int64 0-d device tensor), rows >=
+    prefix. ``splits``: S (None: ``prefix_splits`` under ``tuning``, which with a ``count`` assumes
+    ``tuning.folded_rows_guess`` of the rows compute; one of the two is needed). With `count` (int64 0-d device tensor), rows >=
     count are skipped (their outputs are unspecified). ``config``: (BLOCK_M, BLOCK_P, num_warps,
     num_stages) instead of the shape-based default (for the benchmark's sweep,
-    ``bench/kernels/bench_attention.py --sweep``). ``row_tiles_outer=False``: the launch order of
-    sessions 1-7 (row tiles fastest), kept for the sweep's comparison. ``prefix_len`` (int32/int64
+    ``bench/kernels/bench_attention.py --sweep``). ``row_tiles_outer=False``: row tiles fastest in
+    launch order, kept for the sweep's comparison. ``prefix_len`` (int32/int64
     device tensor, one element): only keys [0, min(prefix_len, P)) take part, read by the kernel (a
     fixed-capacity cache under CUDA-graph replays); the splits are still cut from P, and those wholly
     past the length are empty states (o = 0, lse = -inf). None: all P keys."""
@@ -352,11 +331,19 @@ def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.T
         _check_tile_config(config)
     if splits is not None and (not isinstance(splits, int) or splits < 1):
         raise ValueError(f"splits: expected an int >= 1, got {splits!r}")
-    return _launch_prefix_kernel(q, k_pre, v_pre, scale, count, splits, config, row_tiles_outer, prefix_len)
+    _check_tuning(tuning, needed=splits is None)
+    return _launch_prefix_kernel(q, k_pre, v_pre, scale, count, splits, config, row_tiles_outer, prefix_len,
+                                 tuning)
+
+
+def _check_tuning(tuning, needed: bool = True) -> None:
+    if needed or tuning is not None:
+        expect(isinstance(tuning, AttentionTuning), "tuning", "an AttentionTuning (e.g. H200.attention from "
+               "specfold_compile.ops.device_profile)", type(tuning).__name__)
 
 
 def _launch_prefix_kernel(q, k_pre, v_pre, scale, count=None, splits=None, config=None, row_tiles_outer=True,
-                          prefix_len=None):
+                          prefix_len=None, tuning=None):
     """``prefix_attention_states`` on checked inputs (everything decided here comes from the shapes, P
     being the capacity when a ``prefix_len`` is given)."""
     R, Hq, D = q.shape
@@ -364,8 +351,9 @@ def _launch_prefix_kernel(q, k_pre, v_pre, scale, count=None, splits=None, confi
     G = Hq // Hkv
     BLOCK_M, BLOCK_P, num_warps, num_stages = _prefix_config(R * G, D) if config is None else config
     if splits is None:
-        working = R if count is None else math.ceil(FOLDED_ROWS_GUESS * R)
-        splits = prefix_splits(triton.cdiv(working * G, BLOCK_M) * Hkv, P, BLOCK_P, q.device, R * Hq)
+        working = R if count is None else math.ceil(tuning.folded_rows_guess * R)
+        splits = prefix_splits(triton.cdiv(working * G, BLOCK_M) * Hkv, P, BLOCK_P, q.device, R * Hq,
+                               tuning=tuning)
     o = _common.empty((splits, R, Hq, D), torch.float32, q.device)
     lse = _common.empty((splits, R, Hq), torch.float32, q.device)
     if R == 0:
@@ -520,23 +508,25 @@ def one_pass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: 
 
 def slot_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: torch.Tensor, k_pre: torch.Tensor,
                    v_pre: torch.Tensor, scale: float, count: torch.Tensor | None = None,
-                   prefix_len: torch.Tensor | None = None) -> torch.Tensor:
+                   prefix_len: torch.Tensor | None = None, *, tuning: AttentionTuning) -> torch.Tensor:
     """Attention of every (n,b) with q[slot[n,b]] over the prefix and k/v[slot[n,0..B-1]], the rows
     below the device-side ``count`` (or all) being the ones any slot points at: one pass where
-    ``use_one_pass`` says so for the N * B rows of ``slot``, else the prefix states of those rows (split
+    ``use_one_pass`` says so (under ``tuning``) for the N * B rows of ``slot``, else the prefix states of those rows (split
     along the prefix) merged by the block kernel. ``prefix_len``: only prefix keys [0, min(prefix_len,
     P)) take part (as in ``prefix_attention_states``); the path is still chosen from the capacity P."""
     slot = _check_block_inputs(q, k, v, slot)  # checked once here: the launches below do not check again
     _check_prefix_inputs(q, k_pre, v_pre, kv_heads=k.shape[1])
     _check_prefix_len(prefix_len, q)
-    if use_one_pass(slot.numel(), q.shape[1], k_pre.shape[1]):
+    _check_tuning(tuning)
+    if use_one_pass(slot.numel(), q.shape[1], k_pre.shape[1], tuning):
         return _launch_block_kernel(q, k, v, slot, scale, prefix=(k_pre, v_pre), prefix_len=prefix_len)
-    states = _launch_prefix_kernel(q, k_pre, v_pre, scale, count, prefix_len=prefix_len)
+    states = _launch_prefix_kernel(q, k_pre, v_pre, scale, count, prefix_len=prefix_len, tuning=tuning)
     return _launch_block_kernel(q, k, v, slot, scale, states=states)
 
 
 def branch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pre: torch.Tensor,
-                     v_pre: torch.Tensor, scale: float, prefix_len: torch.Tensor | None = None) -> torch.Tensor:
+                     v_pre: torch.Tensor, scale: float, prefix_len: torch.Tensor | None = None, *,
+                     tuning: AttentionTuning) -> torch.Tensor:
     """Dense multi-branch attention: q [N,B,Hq,D], k,v [N,B,Hkv,D], shared prefix k_pre, v_pre
     [Hkv,P,D] (never copied). Each branch attends to the prefix (its first min(prefix_len, P) keys
     with a device-side ``prefix_len``, as in ``slot_attention``) and bidirectionally to its own
@@ -547,4 +537,4 @@ def branch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pre: t
     kf = k.reshape(N * B, Hkv, D)
     vf = v.reshape(N * B, Hkv, D)
     slot = torch.arange(N * B, device=q.device, dtype=torch.int64).view(N, B)
-    return slot_attention(qf, kf, vf, slot, k_pre, v_pre, scale, prefix_len=prefix_len)
+    return slot_attention(qf, kf, vf, slot, k_pre, v_pre, scale, prefix_len=prefix_len, tuning=tuning)

@@ -4,11 +4,11 @@ The grid covers every row tile of rows ``[row_start, R)`` (shape-only), and a pr
 starts at or beyond ``count`` (read on the device) exits at once: the work shrinks with the recompute
 ratio without the host reading ``count``. ``row_start`` and ``out`` let a caller compute the first rows
 another way (fold_ops hands them to cuBLAS) and spill only the rest here. fp32 accumulation; on CUDA
-the tile sizes are autotuned.
+the tile sizes are autotuned (among row tiles of at least ``min_block_r`` rows).
 """
 from __future__ import annotations
 
-import os
+import functools
 
 import torch
 import triton
@@ -20,40 +20,29 @@ from ._common import dot_precision, use_autotune
 from .interpreter_bf16 import refuse_broken_bf16
 
 
-# Row tiles of at least 64 rows. Every row tile of the GEMM reads the whole weight, so the 16-row tiles
-# that the autotuner picked for qkv and down when timing ~72 spilled rows (the tuning load, below) took
-# 2.3-2.8x longer at 7B once 288 rows spilled (down: 307 against 131 us), while the best 64-row tiles
-# were at most 3.5 us slower at any spill size and exited faster with nothing to spill (H200, session
-# 11, 1.5B and 7B shapes: ``bench/kernels/bench_count_gemm.py --spill-configs``). The environment
-# variable restores the sessions 3-10 set (16) for A/B runs; it is read once, at import.
-_MIN_BLOCK_R_ENV = "SPECFOLD_PACKED_LINEAR_MIN_BLOCK_R"
-# (BLOCK_R, BLOCK_N, BLOCK_K, num_warps, num_stages): every config of sessions 3-10.
+# (BLOCK_R, BLOCK_N, BLOCK_K, num_warps, num_stages): the autotuner's candidates. Every row tile reads the
+# whole weight, so small row tiles lose badly once many rows spill; the caller's ``min_block_r`` (the
+# device profile's ``packed_linear_min_block_r``, 64 on the H200) keeps only the tiles of at least that
+# many rows, and 16 brings back every candidate for A/B runs.
 _TILES = [
     (16, 32, 128, 2, 4), (32, 32, 128, 4, 4), (16, 32, 256, 4, 3),
     (16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (32, 64, 128, 4, 4), (32, 128, 64, 4, 4),
     (64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3),
     (128, 256, 64, 8, 3), (64, 256, 64, 8, 3),
 ]
-_LARGEST_BLOCK_R = max(t[0] for t in _TILES)
+LARGEST_BLOCK_R = max(t[0] for t in _TILES)
 
 
-def _min_block_r(value, name: str) -> int:
-    """A row-tile bound that leaves some config: an int in 1.._LARGEST_BLOCK_R (``name`` in the error)."""
-    try:
-        bound = int(value)
-    except (TypeError, ValueError):
-        bound = None
-    _common.expect(bound is not None and 1 <= bound <= _LARGEST_BLOCK_R, name,
-                   f"an integer from 1 to {_LARGEST_BLOCK_R}", repr(value))
-    return bound
+def check_min_block_r(value, name: str = "min_block_r") -> int:
+    """A row-tile bound that leaves some config: an int in 1..LARGEST_BLOCK_R (``name`` in the error)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= LARGEST_BLOCK_R
+    _common.expect(ok, name, f"an integer from 1 to {LARGEST_BLOCK_R}", repr(value))
+    return value
 
 
-MIN_BLOCK_R = _min_block_r(os.environ.get(_MIN_BLOCK_R_ENV, "64"), _MIN_BLOCK_R_ENV)
-
-
-def _cuda_configs(min_block_r: int | None = None):
-    """The autotuner's tile configs, those with row tiles of at least ``min_block_r`` (MIN_BLOCK_R) rows."""
-    bound = MIN_BLOCK_R if min_block_r is None else _min_block_r(min_block_r, "min_block_r")
+def _cuda_configs(min_block_r: int):
+    """The autotuner's tile configs, those with row tiles of at least ``min_block_r`` rows."""
+    bound = check_min_block_r(min_block_r)
     return [triton.Config({"BLOCK_R": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
             for bm, bn, bk, w, s in _TILES if bm >= bound]
 
@@ -125,13 +114,16 @@ class _TuneWithWork:
 
 
 _packed_linear_kernel = _packed_linear_body
-if use_autotune():
-    _tune_hooks = _TuneWithWork()
-    _packed_linear_kernel_tuned = triton.autotune(
-        configs=_cuda_configs(), key=["R_KEY", "M", "K"], pre_hook=_tune_hooks.pre, post_hook=_tune_hooks.post,
+
+
+@functools.lru_cache(maxsize=None)
+def _tuned_kernel(min_block_r: int):
+    """The autotuned kernel over the configs with row tiles of at least ``min_block_r`` rows (one
+    autotuner, with its own tuned configs, per bound)."""
+    hooks = _TuneWithWork()
+    return triton.autotune(
+        configs=_cuda_configs(min_block_r), key=["R_KEY", "M", "K"], pre_hook=hooks.pre, post_hook=hooks.post,
     )(triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})(_packed_linear_body))
-else:
-    _packed_linear_kernel_tuned = None
 
 
 def _row_bucket(rows: int) -> int:
@@ -141,11 +133,12 @@ def _row_bucket(rows: int) -> int:
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  count: torch.Tensor | None, *, row_start: int = 0, out: torch.Tensor | None = None
-                  ) -> torch.Tensor:
+                  count: torch.Tensor | None, *, min_block_r: int, row_start: int = 0,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] (leading dims are rows; last dim contiguous), weight [M, K], bias [M] or None,
     count int64 0-d device tensor (None: all rows). Returns y [..., M] in x.dtype; rows >= count
-    are unspecified. Only rows >= ``row_start`` are written (into ``out`` [R, M] when given)."""
+    are unspecified. Only rows >= ``row_start`` are written (into ``out`` [R, M] when given).
+    ``min_block_r``: the autotuner (CUDA) keeps row tiles of at least this many rows."""
     lead = x.shape[:-1]
     K = x.shape[-1]
     _common.expect(weight.dim() == 2 and weight.shape[1] == K, "weight", f"[M, {K}] (x's last dim)",
@@ -169,9 +162,10 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     common = dict(HAS_BIAS=bias is not None, HAS_COUNT=count is not None, PREC=dot_precision(x.dtype))
     args = (x2, weight, bias if bias is not None else y, y, count if count is not None else y,
             R, M, K, _row_bucket(R - row_start), row_start, x2.stride(0), weight.stride(0), y.stride(0))
-    if _packed_linear_kernel_tuned is not None:
+    check_min_block_r(min_block_r)
+    if use_autotune():
         grid = lambda meta: (triton.cdiv(R - row_start, meta["BLOCK_R"]), triton.cdiv(M, meta["BLOCK_N"]))
-        _packed_linear_kernel_tuned[grid](*args, **common)
+        _tuned_kernel(min_block_r)[grid](*args, **common)
     else:
         BR, BN, BK = 16, 32, 32
         grid = (triton.cdiv(R - row_start, BR), triton.cdiv(M, BN))

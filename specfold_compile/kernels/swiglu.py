@@ -47,8 +47,8 @@ def _rows(t: torch.Tensor, name: str) -> torch.Tensor:
 
 
 # (BLOCK_R, BLOCK_F, num_warps) on the GPU: the best of 32 configs over 1.5B / 7B at N = 17 and ratios
-# 0.19 / 1 (H200, session 11, ``bench_swiglu.py --sweep``): 2.9 / 5.3 / 4.5 / 15.6 us against 4.7 / 6.7 /
-# 5.9 / 18.5 for sessions 7-10's (8, 512, 4). The interpreter runs smaller tiles (tiny test shapes).
+# 0.19 / 1 (H200, ``bench_swiglu.py --sweep``): 2.9 / 5.3 / 4.5 / 15.6 us against 4.7 / 6.7 /
+# 5.9 / 18.5 for (8, 512, 4). The interpreter runs smaller tiles (tiny test shapes).
 SILU_MUL_CONFIG = (8, 256, 8)
 _INTERPRETER_CONFIG = (4, 32, 4)
 

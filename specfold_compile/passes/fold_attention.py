@@ -10,7 +10,7 @@ from typing import Any
 
 from torch.fx import GraphModule
 
-from .. import fold_ops
+from ..ops import fold_ops
 from .analyze import Analysis
 
 
@@ -30,7 +30,8 @@ def fold_attention(gm: GraphModule, settings: Any) -> GraphModule:
         with graph.inserting_before(attn):
             folded = graph.call_function(fold_ops.FOLDED_ATTENTION,
                                          (q.args[0], k.args[0], v.args[0], k_pre, v_pre, plan["slot"],
-                                          plan["count"], scale, "torch", *prefix_len))
+                                          plan["count"], scale, "torch", *prefix_len),
+                                         settings.tuning.folded_attention_args())
         folded.meta.update({k_: attn.meta[k_] for k_ in ("nn_module_stack", "stack_trace") if k_ in attn.meta})
         attn.replace_all_uses_with(folded)
         graph.erase_node(attn)

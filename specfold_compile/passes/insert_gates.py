@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule
 
-from .. import fold_ops
+from ..ops import fold_ops
 from .analyze import Analysis
 
 TAU_NODE = "specfold_tau"

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
-from .. import fold_ops
+from ..ops import fold_ops
 from .analyze import Analysis, _shape
 from .op_args import bound_arguments
 
@@ -103,7 +103,8 @@ def lower_kernels(gm: GraphModule, settings: Any) -> GraphModule:
             with graph.inserting_before(lin):
                 packed = graph.call_function(fold_ops.PACKED_LINEAR, (x, weight, bias, plan["count"],
                                                                        settings.dense_fraction, impl,
-                                                                       settings.min_spill_us))
+                                                                       settings.min_spill_us),
+                                             settings.tuning.packed_linear_args())
             packed.meta.update(lin.meta)
             lin.replace_all_uses_with(packed)
             graph.erase_node(lin)

@@ -13,7 +13,8 @@ import operator
 import torch
 import torch.nn.functional as F
 
-from .. import fold_ops, ops  # noqa: F401  (registers the specfold:: custom ops)
+from .. import ops  # noqa: F401
+from ..ops import fold_ops  # noqa: F401  (registers the specfold:: custom ops)
 
 # Broadcasting elementwise functions: outside tensor operands are aligned to the right and packed.
 ELEMENTWISE_FUNCTIONS = {

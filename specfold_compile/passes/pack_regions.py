@@ -17,7 +17,7 @@ from typing import Any
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 
-from .. import fold_ops
+from ..ops import fold_ops
 from . import ops_table as T
 from .analyze import Analysis, _shape, _view_shape_args
 

@@ -5,8 +5,10 @@ import torch
 import torch._dynamo
 
 from sf_helpers import CountingBackend, ModelSpec, assert_close, capture_graph, make_cache, make_tree
-from specfold_compile import fold_ops
-from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph, dispatch, stats
+from specfold_compile.ops import fold_ops
+from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph, dispatch
+from specfold_compile.backend.settings import Tuning
+from specfold_compile.ops import stats
 from specfold_compile.decoding import mark_dynamic_shapes
 from specfold_compile.reference import folded_verify
 
@@ -74,18 +76,18 @@ def test_static_n_below_threshold_is_not_rewritten(model_cache, tmp_path):
 def _cost_model_plan(model, cache, monkeypatch, overhead_us, **options):
     """The cost model's plan for a dynamic-N graph, as on CUDA with Triton kernels."""
     monkeypatch.setattr(dispatch, "_cost_model_applies", lambda impl, device: True)
-    monkeypatch.setattr(fold_ops, "FOLD_OVERHEAD_US", overhead_us)
     tokens, parents = make_tree(model, 3, "realistic", 2)
     cache = make_cache(model, seed=7)
     mark_dynamic_shapes(tokens, parents, cache)
     gm, _ = capture_graph(model, tokens, parents, cache)
-    out = compile_graph(gm, SpecFoldSettings(tau=0.3, kernels="triton", **options))
+    out = compile_graph(gm, SpecFoldSettings(tau=0.3, kernels="triton",
+                                             tuning=Tuning(fold_overhead_us=overhead_us, **options)))
     return out.meta["specfold"].fold_plan
 
 
 def test_cost_model_never_folds_a_tiny_model(model_cache, monkeypatch):
     model, cache = model_cache
-    plan = _cost_model_plan(model, cache, monkeypatch, fold_ops.FOLD_OVERHEAD_US)
+    plan = _cost_model_plan(model, cache, monkeypatch, Tuning().fold_overhead_us)
     assert plan.variants == "plain" and not any(plan.decisions.values())
     assert "cost model" in plan.description
 

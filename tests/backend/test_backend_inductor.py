@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from specfold_compile.backend import collect_stats
+from specfold_compile.backend.settings import Tuning
 from specfold_compile.models import build
 from specfold_compile.reference import folded_verify
 
@@ -32,12 +33,10 @@ def test_gpu_default_path_triton_kernels_under_inductor(extra, monkeypatch):
     """What backend="specfold" runs on CUDA by default: Triton kernels (interpreted here), Inductor
     lowering, packed linears split between the dense GEMM head and the count-aware spill kernel."""
     pytest.importorskip("torch._inductor")
-    from specfold_compile import fold_ops, kernels
+    from specfold_compile import kernels
 
     if not kernels.triton_available():
         pytest.skip("triton is not importable here (or neither CUDA nor TRITON_INTERPRET=1)")
-    monkeypatch.setattr(fold_ops, "DENSE_LINEAR_MIN_ROWS", 0)       # tiny shapes: put the split inside
-    monkeypatch.setattr(fold_ops, "DENSE_LINEAR_ROW_MULTIPLE", 4)   # the 4 x 16 packed rows
     torch._dynamo.reset()
     model = build("tiny-fast-dllm-v2", seed=5, num_layers=2)
     cache = model.prefill(torch.arange(1, 9))
@@ -46,7 +45,9 @@ def test_gpu_default_path_triton_kernels_under_inductor(extra, monkeypatch):
     for n in range(1, 4):
         tokens[n, 3 * n] = 95
     parents = torch.tensor([-1, 0, 1, 1])
-    options = {"tau": 0.3, "inductor": True, "kernels": "triton", "dense_fraction": 0.3, **extra}
+    # tiny shapes: put the cuBLAS/Triton split inside the 4 x 16 packed rows
+    tuning = Tuning(dense_fraction=0.3, dense_linear_min_rows=0, dense_linear_row_multiple=4)
+    options = {"tau": 0.3, "inductor": True, "kernels": "triton", "tuning": tuning, **extra}
     compiled = torch.compile(model, backend="specfold", options=options)
     with collect_stats() as s:
         out = compiled(tokens, parents, cache)

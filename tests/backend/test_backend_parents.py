@@ -62,7 +62,7 @@ def test_an_invalid_parent_is_computed_and_the_rest_fold(tiny, options, captured
 def test_the_flag_works_in_and_out_of_inference_mode(monkeypatch):
     """The flag is made on first use, which may be inside inference mode (``generate`` decodes in it):
     it must stay a normal tensor that later calls outside inference mode can update."""
-    from specfold_compile import fold_ops
+    from specfold_compile.ops import fold_ops
 
     monkeypatch.setattr(fold_ops, "_INVALID_PARENTS", {})
     h = torch.randn(3, 4, 8, generator=torch.Generator().manual_seed(0))

@@ -8,7 +8,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from sf_helpers import (CountingBackend, ModelSpec, assert_close, capture_graph, chain_lengths_of, compile_run,
                         make_cache, make_tree, rel_err)
-from specfold_compile import fold_ops
+from specfold_compile.ops import fold_ops
 from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph
 from specfold_compile.reference import folded_verify
 
@@ -239,8 +239,6 @@ def test_triton_kernels_match_torch_kernels_and_reference(dense_fraction, min_sp
     from specfold_compile import kernels
     from specfold_compile.kernels import attention
 
-    if not one_pass:
-        monkeypatch.setattr(attention, "ONE_PASS_MAX_PREFIX", -1)
     one_pass_calls = []
     launch = attention._launch_block_kernel
 
@@ -251,8 +249,6 @@ def test_triton_kernels_match_torch_kernels_and_reference(dense_fraction, min_sp
     monkeypatch.setattr(attention, "_launch_block_kernel", watched_launch)
 
     # tiny shapes: let the cuBLAS/Triton split of the packed linears fall inside 24 rows
-    monkeypatch.setattr(fold_ops, "DENSE_LINEAR_MIN_ROWS", 0)
-    monkeypatch.setattr(fold_ops, "DENSE_LINEAR_ROW_MULTIPLE", 4)
     if not kernels.triton_available():
         pytest.skip("triton is not importable here (or neither CUDA nor TRITON_INTERPRET=1)")
     model = ModelSpec(family="fast-dllm-v2", layers=1, hidden=32, head_dim=8, block=8, seed=6).build()
@@ -262,8 +258,10 @@ def test_triton_kernels_match_torch_kernels_and_reference(dense_fraction, min_sp
     spills = []
     real_spill = kernels.packed_linear
     monkeypatch.setattr(kernels, "packed_linear", lambda *a, **k: spills.append(1) or real_spill(*a, **k))
-    out_k, s_k, _ = compile_run(model, tokens, parents, cache, tau=0.3, kernels="triton",
-                                dense_fraction=dense_fraction, min_spill_us=min_spill_us)
+    from specfold_compile.backend.settings import Tuning
+    out_k, s_k, _ = compile_run(model, tokens, parents, cache, tau=0.3, kernels="triton", tuning=Tuning(
+        dense_fraction=dense_fraction, min_spill_us=min_spill_us, dense_linear_min_rows=0, dense_linear_row_multiple=4,
+        one_pass_max_prefix=1024 if one_pass else -1))
     # 1.0: cuBLAS on every row; min_spill_us: these tiny GEMMs cost far less than a spill launch
     assert (len(spills) == 0) == (dense_fraction == 1.0 or min_spill_us > 0)
     assert bool(one_pass_calls) == one_pass

@@ -1,6 +1,6 @@
 import pytest
 
-from bench.run import _kernel_group
+from bench.suites.breakdown import kernel_group as _kernel_group
 
 
 @pytest.mark.parametrize("name, group", [

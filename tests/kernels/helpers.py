@@ -23,3 +23,15 @@ def rel_err(a, b):
     a = a.float()
     b = b.float()
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def attention_tuning(**changes):
+    """The H200 profile's attention launch choices, with ``changes`` (the launchers take them as an argument)."""
+    import dataclasses
+
+    from specfold_compile.ops.device_profile import H200
+
+    return dataclasses.replace(H200.attention, **changes)
+
+
+ATT = attention_tuning()

@@ -12,7 +12,7 @@ from specfold_compile.kernels import (  # noqa: E402
     slot_attention,
 )
 
-from .helpers import DEVICE, DTYPES, randn, tol  # noqa: E402
+from .helpers import ATT, DEVICE, DTYPES, attention_tuning, randn, tol  # noqa: E402
 
 SETTINGS = dict(deadline=None, max_examples=25)
 GROUPS = [1, 2, 4, 7]
@@ -115,8 +115,8 @@ def test_one_pass_attention_edges(N, B, G, P):
 
 
 def test_slot_attention_one_pass_only_for_short_prefixes_and_few_rows(monkeypatch):
-    """slot_attention runs one pass for at most ONE_PASS_MAX_PREFIX prefix keys and a walk of at most
-    ONE_PASS_MAX_WORK rows x query heads x keys, and prefix states + block merge otherwise; every path gives the
+    """slot_attention runs one pass for at most one_pass_max_prefix prefix keys and a walk of at most
+    one_pass_max_work rows x query heads x keys (its AttentionTuning), and prefix states + block merge otherwise; every path gives the
     reference's output, with or without a device-side count."""
     from specfold_compile.kernels import attention as A
 
@@ -128,24 +128,22 @@ def test_slot_attention_one_pass_only_for_short_prefixes_and_few_rows(monkeypatc
             calls.append("one")
         return launch(*a, **kw)
     monkeypatch.setattr(A, "_launch_block_kernel", watched_launch)
-    monkeypatch.setattr(A, "ONE_PASS_MAX_PREFIX", 20)
     gen = torch.Generator().manual_seed(11)
     # (max walk, prefix keys, one pass?) for 3 x 6 = 18 slot rows of 6 query heads
     for max_work, P, one in ((10**9, 0, True), (10**9, 20, True), (10**9, 21, False), (10**9, 33, False),
                              (1, 0, True), (1, 20, False), (18 * 6 * 20, 20, True), (18 * 6 * 20 - 1, 20, False)):
         q, k, v, k_pre, v_pre, slot = _packed_problem(3, 6, 2, 3, 16, P, torch.float32, 0.5, gen)
-        monkeypatch.setattr(A, "ONE_PASS_MAX_WORK", max_work)
+        tuning = attention_tuning(one_pass_max_prefix=20, one_pass_max_work=max_work)
         ref = block_attention_ref(q, k, v, slot, *prefix_attention_ref(q, k_pre, v_pre, 0.3), 0.3)
         for count in (None, torch.tensor(q.shape[0] - 2, device=DEVICE)):
             calls.clear()
-            out = slot_attention(q, k, v, slot, k_pre, v_pre, 0.3, count)
+            out = slot_attention(q, k, v, slot, k_pre, v_pre, 0.3, count, tuning=tuning)
             assert calls == (["one"] if one else []), (max_work, P, calls)
             torch.testing.assert_close(out, ref, **tol(torch.float32))
-    monkeypatch.setattr(A, "ONE_PASS_MAX_PREFIX", -1)  # the bisection switch: never one pass
-    monkeypatch.setattr(A, "ONE_PASS_MAX_WORK", 10**9)
+    never = attention_tuning(one_pass_max_prefix=-1, one_pass_max_work=10**9)  # the bisection switch
     q, k, v, k_pre, v_pre, slot = _packed_problem(2, 4, 1, 2, 16, 0, torch.float32, 0.5, gen)
     calls.clear()
-    slot_attention(q, k, v, slot, k_pre, v_pre, 0.3)
+    slot_attention(q, k, v, slot, k_pre, v_pre, 0.3, tuning=never)
     assert calls == []
 
 
@@ -156,9 +154,10 @@ def test_one_pass_rule_at_the_measured_shapes():
     from specfold_compile.kernels.attention import use_one_pass
 
     for heads in (12, 28):
-        assert use_one_pass(32, heads, 512) and use_one_pass(160, heads, 512) and use_one_pass(32, heads, 1024)
-        assert not use_one_pass(544, heads, 512) and not use_one_pass(32, heads, 2048)
-    assert use_one_pass(160, 12, 1024) and not use_one_pass(160, 28, 1024)
+        assert use_one_pass(32, heads, 512, ATT) and use_one_pass(160, heads, 512, ATT)
+        assert use_one_pass(32, heads, 1024, ATT)
+        assert not use_one_pass(544, heads, 512, ATT) and not use_one_pass(32, heads, 2048, ATT)
+    assert use_one_pass(160, 12, 1024, ATT) and not use_one_pass(160, 28, 1024, ATT)
 
 
 @pytest.mark.parametrize("fn", ["one_pass", "slot"])
@@ -167,7 +166,7 @@ def test_attention_rejects_bad_inputs(fn):
     path of slot_attention included: a prefix with other kv heads than the block's is an error there too)."""
     gen = torch.Generator().manual_seed(12)
     q, k, v, k_pre, v_pre, slot = _packed_problem(2, 4, 2, 2, 8, 5, torch.float32, 0.5, gen)
-    call = one_pass_attention if fn == "one_pass" else (lambda *a, config=None: slot_attention(*a))
+    call = one_pass_attention if fn == "one_pass" else (lambda *a, config=None: slot_attention(*a, tuning=ATT))
     bad = [(dict(k_pre=k_pre[:1], v_pre=v_pre[:1]), "k_pre"), (dict(k_pre=k_pre[0, 0]), "k_pre"),
            (dict(v_pre=v_pre[:, :3]), "v_pre"), (dict(slot=slot.flatten()), "slot"), (dict(slot=slot.float()), "slot"),
            (dict(k_pre=k_pre.double(), v_pre=v_pre.double()), "k_pre, v_pre"), (dict(v=v.double()), "k, v")]
@@ -204,7 +203,7 @@ def test_branch_attention_vs_dense(N, B, Hkv, G, P, dtype, seed):
     k = randn(N, B, Hkv, D, dtype=dtype, gen=gen)
     v = randn(N, B, Hkv, D, dtype=dtype, gen=gen)
     k_pre, v_pre = cache_view(Hkv, P, D, dtype, gen)
-    out = branch_attention(q, k, v, k_pre, v_pre, 0.25)
+    out = branch_attention(q, k, v, k_pre, v_pre, 0.25, tuning=ATT)
     ref = branch_attention_ref(q, k, v, k_pre, v_pre, 0.25)
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.float(), ref.float(), **tol(dtype))
@@ -218,7 +217,7 @@ def test_branch_attention_128_head_dim():
     v = randn(N, B, Hkv, D, gen=gen)
     k_pre, v_pre = cache_view(Hkv, P, D, torch.float32, gen)
     s = 1 / math.sqrt(D)
-    torch.testing.assert_close(branch_attention(q, k, v, k_pre, v_pre, s),
+    torch.testing.assert_close(branch_attention(q, k, v, k_pre, v_pre, s, tuning=ATT),
                                branch_attention_ref(q, k, v, k_pre, v_pre, s), **tol(torch.float32))
 
 
@@ -334,8 +333,8 @@ def test_prefix_splits_rejects_bad_counts():
 
 
 def test_prefix_split_count_rule(monkeypatch):
-    """The split count (host side, from shapes): one split below MIN_SPLIT_PREFIX keys or off the GPU;
-    otherwise at most PROGRAMS_PER_SM working programs an SM, never more splits than key tiles or
+    """The split count (host side, from shapes): one split below min_split_prefix keys or off the GPU;
+    otherwise at most programs_per_sm working programs an SM, never more splits than key tiles or
     MAX_PREFIX_SPLITS, a count from SPLIT_CHOICES, and neither more programs nor a dearer merge (more
     rows x heads) ever gets more splits."""
     import types
@@ -345,20 +344,20 @@ def test_prefix_split_count_rule(monkeypatch):
     monkeypatch.setattr(A, "_sm_count", lambda index: 132)
     monkeypatch.setattr(A, "interpreting", lambda: False)
     gpu, cpu = types.SimpleNamespace(type="cuda", index=0), types.SimpleNamespace(type="cpu", index=None)
-    assert A.prefix_splits(6, 8192, 64, cpu) == 1
-    for P in (0, 64, 512, A.MIN_SPLIT_PREFIX - 1):
-        assert A.prefix_splits(6, P, 64, gpu) == 1
-    assert A.prefix_splits(6, 2048, 64, gpu) > 1  # few programs, long prefix: split
+    assert A.prefix_splits(6, 8192, 64, cpu, tuning=ATT) == 1
+    for P in (0, 64, 512, ATT.min_split_prefix - 1):
+        assert A.prefix_splits(6, P, 64, gpu, tuning=ATT) == 1
+    assert A.prefix_splits(6, 2048, 64, gpu, tuning=ATT) > 1  # few programs, long prefix: split
     for P in (1024, 2048, 4096, 8192, 32768):
         for row_heads in (0, 384, 6528, 15232, 29568):
             last = A.MAX_PREFIX_SPLITS
             for programs in (1, 2, 6, 16, 30, 54, 66, 132, 133, 264, 265, 500):
-                s = A.prefix_splits(programs, P, 64, gpu, row_heads)
+                s = A.prefix_splits(programs, P, 64, gpu, row_heads, tuning=ATT)
                 assert s in A.SPLIT_CHOICES and s <= min(A.MAX_PREFIX_SPLITS, -(-P // 64)) and s <= last
-                assert s == 1 or programs * s <= A.PROGRAMS_PER_SM * 132
+                assert s == 1 or programs * s <= ATT.programs_per_sm * 132
                 last = s
         for programs in (6, 30, 72):
-            splits = [A.prefix_splits(programs, P, 64, gpu, rh) for rh in (0, 6528, 15232, 29568, 10**6)]
+            splits = [A.prefix_splits(programs, P, 64, gpu, rh, tuning=ATT) for rh in (0, 6528, 15232, 29568, 10**6)]
             assert splits == sorted(splits, reverse=True), splits
 
 
@@ -437,14 +436,12 @@ def test_slot_attention_prefix_len(fn, N, B, Hkv, G, D, P, dtype, p_fold, with_c
     scale = 0.7 / math.sqrt(D)
     plen = prefix_len_tensor(L, shape, len_dtype)
     count = torch.tensor(q.shape[0] - 2, device=DEVICE) if with_count else None  # the rows any slot points at
-    with pytest.MonkeyPatch.context() as mp:
-        if fn == "one_pass":
-            out = one_pass_attention(q, k, v, slot, k_pre, v_pre, scale, prefix_len=plen)
-        else:
-            if fn == "slot: two kernels":
-                mp.setattr(A, "ONE_PASS_MAX_PREFIX", -1)
-            assert A.use_one_pass(slot.numel(), q.shape[1], P) == (fn == "slot: one pass")
-            out = slot_attention(q, k, v, slot, k_pre, v_pre, scale, count, prefix_len=plen)
+    if fn == "one_pass":
+        out = one_pass_attention(q, k, v, slot, k_pre, v_pre, scale, prefix_len=plen)
+    else:
+        tuning = attention_tuning(one_pass_max_prefix=-1) if fn == "slot: two kernels" else ATT
+        assert A.use_one_pass(slot.numel(), q.shape[1], P, tuning) == (fn == "slot: one pass")
+        out = slot_attention(q, k, v, slot, k_pre, v_pre, scale, count, prefix_len=plen, tuning=tuning)
     ref = block_attention_ref(q, k, v, slot, *prefix_attention_ref(q, k_pre[:, :L], v_pre[:, :L], scale), scale)
     assert out.dtype == q.dtype and out.shape == (N, B, Hkv * G, D)
     torch.testing.assert_close(out.float(), ref.float(), **tol(dtype))
@@ -455,8 +452,6 @@ def test_slot_attention_prefix_len(fn, N, B, Hkv, G, D, P, dtype, p_fold, with_c
        P=st.sampled_from(LEN_CAPACITIES), dtype=st.sampled_from(DTYPES), one_pass=st.booleans(), data=st.data(),
        seed=st.integers(0, 2**31 - 1), **LEN_ARGS)
 def test_branch_attention_prefix_len(N, B, Hkv, G, P, dtype, one_pass, data, seed, shape, len_dtype):
-    from specfold_compile.kernels import attention as A
-
     L = draw_len(data, P)
     gen = torch.Generator().manual_seed(seed)
     D = 16
@@ -464,10 +459,9 @@ def test_branch_attention_prefix_len(N, B, Hkv, G, P, dtype, one_pass, data, see
     k = randn(N, B, Hkv, D, dtype=dtype, gen=gen)
     v = randn(N, B, Hkv, D, dtype=dtype, gen=gen)
     k_pre, v_pre = cache_view(Hkv, P, D, dtype, gen)
-    with pytest.MonkeyPatch.context() as mp:
-        if not one_pass:
-            mp.setattr(A, "ONE_PASS_MAX_PREFIX", -1)
-        out = branch_attention(q, k, v, k_pre, v_pre, 0.25, prefix_len=prefix_len_tensor(L, shape, len_dtype))
+    tuning = ATT if one_pass else attention_tuning(one_pass_max_prefix=-1)
+    out = branch_attention(q, k, v, k_pre, v_pre, 0.25, prefix_len=prefix_len_tensor(L, shape, len_dtype),
+                           tuning=tuning)
     ref = branch_attention_ref(q, k, v, k_pre[:, :L], v_pre[:, :L], 0.25)
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.float(), ref.float(), **tol(dtype))
@@ -510,28 +504,27 @@ class _NoHostRead(torch.Tensor):
 
 @pytest.mark.parametrize("fn", ["prefix_attention_states", "prefix_attention", "one_pass", "slot: one pass",
                                 "slot: two kernels", "branch"])
-def test_prefix_len_is_never_read_on_the_host(fn, monkeypatch):
+def test_prefix_len_is_never_read_on_the_host(fn):
     """The launchers check the length's metadata only and pass it to the kernels as it is."""
-    from specfold_compile.kernels import attention as A
-
     gen = torch.Generator().manual_seed(13)
     L, P = 6, 17
     plen = torch.tensor(L, device=DEVICE).as_subclass(_NoHostRead)
     q, k, v, k_pre, v_pre, slot = _packed_problem(2, 3, 1, 2, 8, P, torch.float32, 0.5, gen)
-    if fn == "slot: two kernels":
-        monkeypatch.setattr(A, "ONE_PASS_MAX_PREFIX", -1)
+    tuning = attention_tuning(one_pass_max_prefix=-1) if fn == "slot: two kernels" else ATT
     if fn.startswith("prefix_attention"):
         call = prefix_attention_states if fn == "prefix_attention_states" else prefix_attention
-        out = merge_split_states(*call(q, k_pre, v_pre, 0.3, prefix_len=plen)) if call is prefix_attention_states \
+        out = merge_split_states(*call(q, k_pre, v_pre, 0.3, prefix_len=plen, tuning=tuning)) \
+            if call is prefix_attention_states \
             else call(q, k_pre, v_pre, 0.3, prefix_len=plen)
         ref = prefix_attention_ref(q, k_pre[:, :L], v_pre[:, :L], 0.3)
     elif fn == "branch":
         qb, kb, vb = q[:6].reshape(2, 3, 2, 8), k[:6].reshape(2, 3, 1, 8), v[:6].reshape(2, 3, 1, 8)
-        out = branch_attention(qb, kb, vb, k_pre, v_pre, 0.3, prefix_len=plen)
+        out = branch_attention(qb, kb, vb, k_pre, v_pre, 0.3, prefix_len=plen, tuning=tuning)
         ref = branch_attention_ref(qb, kb, vb, k_pre[:, :L], v_pre[:, :L], 0.3)
     else:
         call = one_pass_attention if fn == "one_pass" else slot_attention
-        out = call(q, k, v, slot, k_pre, v_pre, 0.3, prefix_len=plen)
+        extra = {} if call is one_pass_attention else {"tuning": tuning}
+        out = call(q, k, v, slot, k_pre, v_pre, 0.3, prefix_len=plen, **extra)
         ref = block_attention_ref(q, k, v, slot, *prefix_attention_ref(q, k_pre[:, :L], v_pre[:, :L], 0.3), 0.3)
     torch.testing.assert_close(out, ref, **tol(torch.float32))
 
@@ -546,12 +539,27 @@ def test_prefix_len_rejects_bad_lengths(fn):
         "prefix_attention_states": lambda pl: prefix_attention_states(q, k_pre, v_pre, 0.3, prefix_len=pl),
         "prefix_attention": lambda pl: prefix_attention(q, k_pre, v_pre, 0.3, prefix_len=pl),
         "one_pass": lambda pl: one_pass_attention(q, k, v, slot, k_pre, v_pre, 0.3, prefix_len=pl),
-        "slot": lambda pl: slot_attention(q, k, v, slot, k_pre, v_pre, 0.3, prefix_len=pl),
+        "slot": lambda pl: slot_attention(q, k, v, slot, k_pre, v_pre, 0.3, prefix_len=pl, tuning=ATT),
         "branch": lambda pl: branch_attention(q[:6].reshape(2, 3, 2, 8), k[:6].reshape(2, 3, 1, 8),
-                                              v[:6].reshape(2, 3, 1, 8), k_pre, v_pre, 0.3, prefix_len=pl),
+                                              v[:6].reshape(2, 3, 1, 8), k_pre, v_pre, 0.3, prefix_len=pl,
+                                              tuning=ATT),
     }
     for bad in (3, torch.tensor(3.0, device=DEVICE), torch.tensor(3, dtype=torch.int16, device=DEVICE),
                 torch.tensor([3, 4], device=DEVICE), torch.tensor([[3]], device=DEVICE),
                 torch.tensor(3, device="meta")):
         with pytest.raises((ValueError, TypeError), match="^prefix_len: expected"):
             calls[fn](bad)
+
+
+def test_launch_choices_need_an_attention_tuning():
+    """The launchers that choose a path or a split count take the choices as an argument: a missing or
+    wrong one is an error naming ``tuning``; with explicit splits the prefix kernel needs none."""
+    gen = torch.Generator().manual_seed(15)
+    q, k, v, k_pre, v_pre, slot = _packed_problem(2, 3, 1, 2, 8, 5, torch.float32, 0.5, gen)
+    for bad in (None, {"one_pass_max_prefix": 1}):
+        with pytest.raises(ValueError, match="^tuning: expected an AttentionTuning"):
+            slot_attention(q, k, v, slot, k_pre, v_pre, 0.3, tuning=bad)
+        with pytest.raises(ValueError, match="^tuning: expected an AttentionTuning"):
+            prefix_attention_states(q, k_pre, v_pre, 0.3, tuning=bad)
+    o, lse = prefix_attention_states(q, k_pre, v_pre, 0.3, splits=1)
+    torch.testing.assert_close(o[0], prefix_attention_ref(q, k_pre, v_pre, 0.3)[0], **tol(torch.float32))

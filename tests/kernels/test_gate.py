@@ -189,7 +189,7 @@ def test_fold_gate_from_flags_matches_ref(N, B, p_fold, chain, seed):
 def test_fold_flags_graph_matches_ref(N, B, C, fold_prob, chain, tau, seed):
     """options["gate_flags"]="graph" computes the flags with plain tensor ops: the same decisions as the
     reference, edge cases included (tau = 0, a zero parent row, NaN in a row or its parent)."""
-    from specfold_compile.fold_ops import fold_flags_graph
+    from specfold_compile.ops.fold_ops import fold_flags_graph
 
     gen = torch.Generator().manual_seed(seed)
     parents = random_parents(N, gen, chain)

@@ -18,6 +18,7 @@ SCRIPT = textwrap.dedent("""
     import sys, torch
     from specfold_compile import kernels as K
     from specfold_compile.kernels import interpreter_bf16
+    from specfold_compile.ops.device_profile import H200
     from specfold_compile.models import build
 
     def refused(fn, what):
@@ -32,11 +33,11 @@ SCRIPT = textwrap.dedent("""
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(16, 32, generator=g), torch.randn(24, 32, generator=g)
     assert not interpreter_bf16.interpreter_bf16_ok()
-    refused(lambda: K.packed_linear(x.bfloat16(), w.bfloat16(), None, None), "packed_linear")
+    refused(lambda: K.packed_linear(x.bfloat16(), w.bfloat16(), None, None, min_block_r=64), "packed_linear")
     refused(lambda: K.silu_mul(x.bfloat16(), x.bfloat16()), "silu_mul")
     q = torch.randn(2, 4, 2, 16, generator=g).bfloat16(); kp = torch.randn(2, 5, 16, generator=g).bfloat16()
-    refused(lambda: K.branch_attention(q, q, q, kp, kp, 0.25), "attention")
-    torch.testing.assert_close(K.packed_linear(x, w, None, None), x @ w.t(), rtol=1e-5, atol=1e-5)  # fp32 runs
+    refused(lambda: K.branch_attention(q, q, q, kp, kp, 0.25, tuning=H200.attention), "attention")
+    torch.testing.assert_close(K.packed_linear(x, w, None, None, min_block_r=64), x @ w.t(), rtol=1e-5, atol=1e-5)  # fp32 runs
     h = torch.randn(3, 4, 8, generator=g).bfloat16(); parents = torch.tensor([-1, 0, 1])
     out, ref = K.fold_gate(h, parents, torch.tensor(0.5)), K.fold_gate_ref(h, parents, torch.tensor(0.5))
     assert all(torch.equal(a, b) for a, b in zip(out, ref))  # the gate only converts bf16 to fp32
@@ -55,7 +56,7 @@ SCRIPT = textwrap.dedent("""
     triton_interp_patch.install()
     interpreter_bf16.interpreter_bf16_ok.cache_clear()
     assert interpreter_bf16.interpreter_bf16_ok()
-    y = K.packed_linear(x.bfloat16(), w.bfloat16(), None, None)
+    y = K.packed_linear(x.bfloat16(), w.bfloat16(), None, None, min_block_r=64)
     torch.testing.assert_close(y.float(), (x.bfloat16().float() @ w.bfloat16().float().t()), rtol=2e-2, atol=2e-2)
     print("BF16_OK")
 """)

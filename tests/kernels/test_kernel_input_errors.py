@@ -75,10 +75,12 @@ def test_origin_resolution_names_the_bad_argument(resolve):
 def test_packed_linear_names_the_bad_argument():
     x, w = t(5, 8), t(6, 8)
     with pytest.raises(ValueError, match="^weight: expected"):
-        packed_linear(x, t(6, 7), None, None)
+        packed_linear(x, t(6, 7), None, None, min_block_r=64)
     with pytest.raises(ValueError, match="^bias: expected"):
-        packed_linear(x, w, t(5), None)
+        packed_linear(x, w, t(5), None, min_block_r=64)
     with pytest.raises(ValueError, match="^row_start: expected"):
-        packed_linear(x, w, None, None, row_start=6)
+        packed_linear(x, w, None, None, min_block_r=64, row_start=6)
     with pytest.raises(ValueError, match="^out: expected"):
-        packed_linear(x, w, None, None, out=torch.empty(5, 5))
+        packed_linear(x, w, None, None, min_block_r=64, out=torch.empty(5, 5))
+    with pytest.raises(ValueError, match="^min_block_r: expected"):
+        packed_linear(x, w, None, None, min_block_r=0)

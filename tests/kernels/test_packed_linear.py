@@ -26,7 +26,7 @@ def test_packed_linear(R, K, M, bias, three_d, strided, count_mode, dtype, seed)
     b = randn(M, dtype=dtype, gen=gen) if bias else None
     c = {"none": R, "zero": 0, "all": R, "mid": int(torch.randint(1, R + 1, (1,), generator=gen))}[count_mode]
     count = None if count_mode == "none" else torch.tensor(c, dtype=torch.int64, device=DEVICE)
-    y = packed_linear(x, w, b, count)
+    y = packed_linear(x, w, b, count, min_block_r=64)
     ref = packed_linear_ref(x, w, b)
     assert y.dtype == dtype and y.shape == x.shape[:-1] + (M,)
     y2 = y.reshape(R, M)
@@ -37,7 +37,7 @@ def test_packed_linear_count_zero_writes_nothing():
     gen = torch.Generator().manual_seed(1)
     x = randn(20, 33, gen=gen)
     w = randn(17, 33, gen=gen)
-    y = packed_linear(x, w, None, torch.tensor(0, device=DEVICE))
+    y = packed_linear(x, w, None, torch.tensor(0, device=DEVICE), min_block_r=64)
     if DEVICE == "cpu":  # outputs are poisoned with NaN by conftest: nothing was written
         assert torch.isnan(y).all()
 
@@ -46,7 +46,7 @@ def test_packed_linear_skips_tiles_beyond_count():
     gen = torch.Generator().manual_seed(2)
     x = randn(64, 32, gen=gen)
     w = randn(48, 32, gen=gen)
-    y = packed_linear(x, w, None, torch.tensor(17, device=DEVICE))
+    y = packed_linear(x, w, None, torch.tensor(17, device=DEVICE), min_block_r=64)
     torch.testing.assert_close(y[:17], packed_linear_ref(x, w, None)[:17], **tol(torch.float32))
     if DEVICE == "cpu":  # row tiles of 16 under the interpreter: tiles from row 32 on never ran
         assert torch.isnan(y[32:]).all()
@@ -61,13 +61,9 @@ def test_packed_linear_op_cublas_head_and_triton_spill(R, K, M, bias, dense_frac
                                                        min_spill_us):
     """fold_ops.packed_linear (Triton impl): cuBLAS on the first dense_rows(R) rows, the count-aware
     kernel on the rest; every row below count must match the reference wherever the split falls."""
-    from unittest import mock
+    from specfold_compile.ops import fold_ops
 
-    from specfold_compile import fold_ops
-
-    with mock.patch.object(fold_ops, "DENSE_LINEAR_MIN_ROWS", 0), \
-            mock.patch.object(fold_ops, "DENSE_LINEAR_ROW_MULTIPLE", multiple):
-        _check_packed_linear_op(fold_ops, R, K, M, bias, dense_fraction, multiple, dtype, seed, min_spill_us)
+    _check_packed_linear_op(fold_ops, R, K, M, bias, dense_fraction, multiple, dtype, seed, min_spill_us)
 
 
 def _check_packed_linear_op(fold_ops, R, K, M, bias, dense_fraction, multiple, dtype, seed, min_spill_us=0.0):
@@ -76,8 +72,13 @@ def _check_packed_linear_op(fold_ops, R, K, M, bias, dense_fraction, multiple, d
     w = randn(M, K, dtype=dtype, gen=gen, scale=K ** -0.5)
     b = randn(M, dtype=dtype, gen=gen) if bias else None
     c = int(torch.randint(0, R + 1, (1,), generator=gen))
-    y = fold_ops.packed_linear(x, w, b, torch.tensor(c, device=DEVICE), dense_fraction, "triton", min_spill_us)
-    head = fold_ops.dense_rows(R, dense_fraction, (M, K), min_spill_us, x.element_size())
+    from specfold_compile.ops.device_profile import H200
+
+    # tiny shapes: a cuBLAS head of any multiple of ``multiple`` rows, from 0 on
+    y = fold_ops.packed_linear(x, w, b, torch.tensor(c, device=DEVICE), dense_fraction, "triton", min_spill_us,
+                               dense_linear_min_rows=0, dense_linear_row_multiple=multiple)
+    costs = H200.replace(dense_linear_min_rows=0, dense_linear_row_multiple=multiple)
+    head = fold_ops.dense_rows(R, dense_fraction, (M, K), min_spill_us, x.element_size(), costs)
     if min_spill_us > 0:  # these weights are tiny: the whole GEMM costs less than a spill launch
         assert head == R
     assert 0 <= head <= R and (head == R or head % multiple == 0)
@@ -87,9 +88,9 @@ def _check_packed_linear_op(fold_ops, R, K, M, bias, dense_fraction, multiple, d
 
 
 def test_dense_rows_rule():
-    from specfold_compile import fold_ops
+    from specfold_compile.ops import fold_ops
 
-    assert fold_ops.dense_rows(160, 0.3) == 128          # never below DENSE_LINEAR_MIN_ROWS
+    assert fold_ops.dense_rows(160, 0.3) == 128          # never below the profile's dense_linear_min_rows
     assert fold_ops.dense_rows(544, 0.3) == 192          # 163.2 -> next multiple of 64
     assert fold_ops.dense_rows(1056, 0.3) == 320
     assert fold_ops.dense_rows(100, 0.3) == 100          # capped at the row count
@@ -98,7 +99,7 @@ def test_dense_rows_rule():
 
 
 def test_dense_rows_skips_spills_cheaper_than_a_launch():
-    from specfold_compile import fold_ops
+    from specfold_compile.ops import fold_ops
 
     rows, frac = 544, 0.45  # N = 17: a 256-row head
     assert fold_ops.dense_rows(rows, frac, (256, 256), 0.0) == 256        # off by default
@@ -109,8 +110,13 @@ def test_dense_rows_skips_spills_cheaper_than_a_launch():
     assert fold_ops.dense_rows(rows, frac, (3584, 3584), 2.0) == 256      # 7B q/o: +9.3 us
     assert fold_ops.dense_rows(1056, frac, (1536, 1536), 2.0) == 512      # 1.5B q at N = 33: +3.1 us
     # The estimate itself: weight-read-bound below the ridge, FLOP-bound above it.
-    assert fold_ops._gemm_us(1, 1536, 1536, 2) == pytest.approx(1536 * 1536 * 2 / 4.3e12 * 1e6)
-    assert fold_ops._gemm_us(544, 1536, 1536, 2) == pytest.approx(2 * 544 * 1536 * 1536 / 790e12 * 1e6)
+    from specfold_compile.ops.device_profile import H200
+
+    assert fold_ops._gemm_us(1, 1536, 1536, 2, H200) == pytest.approx(1536 * 1536 * 2 / 4.3e12 * 1e6)
+    assert fold_ops._gemm_us(544, 1536, 1536, 2, H200) == pytest.approx(2 * 544 * 1536 * 1536 / 790e12 * 1e6)
+    # another device's roofline moves the decision: at half the bandwidth the 1.5B q head pays a spill
+    slow = H200.replace(gemm_bytes_per_s=H200.gemm_bytes_per_s / 2, gemm_flops_per_s=H200.gemm_flops_per_s / 8)
+    assert fold_ops.dense_rows(rows, frac, (1536, 1536), 2.0, costs=slow) == 256
 
 
 def test_autotune_hooks_time_real_work_and_restore_the_count():
@@ -146,22 +152,14 @@ def test_autotune_configs_keep_row_tiles_of_64_rows_or_more():
             pl._cuda_configs(bad)
 
 
-@pytest.mark.parametrize("value, ok", [(None, 64), ("16", 16), ("abc", None), ("", None), ("512", None)])
-def test_min_block_r_environment_variable(value, ok):
-    """SPECFOLD_PACKED_LINEAR_MIN_BLOCK_R (read at import, for A/B runs): 64 when unset, the value when
-    valid, else an import error naming the variable."""
-    import os
-    import subprocess
-    import sys
+def test_min_block_r_bound_is_the_settings_bound():
+    """The settings check the bound without importing triton: the same largest row tile as the kernel's."""
+    from specfold_compile.backend import _checks
+    import importlib
 
-    env = {k: v for k, v in os.environ.items() if k != "SPECFOLD_PACKED_LINEAR_MIN_BLOCK_R"}
-    if value is not None:
-        env["SPECFOLD_PACKED_LINEAR_MIN_BLOCK_R"] = value
-    code = ("import importlib; pl = importlib.import_module('specfold_compile.kernels.packed_linear'); "
-            "print(pl.MIN_BLOCK_R)")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    if ok is None:
-        assert proc.returncode != 0 and "SPECFOLD_PACKED_LINEAR_MIN_BLOCK_R" in proc.stderr
-    else:
-        assert proc.returncode == 0, proc.stderr[-1000:]
-        assert proc.stdout.split()[-1] == str(ok)
+    pl = importlib.import_module("specfold_compile.kernels.packed_linear")
+
+    assert _checks.LARGEST_BLOCK_R == pl.LARGEST_BLOCK_R
+    for bad in (0, 129, "64", True):
+        with pytest.raises(ValueError, match="^min_block_r: expected"):
+            pl.check_min_block_r(bad)

@@ -14,7 +14,8 @@ import torch._dynamo
 import torch.nn.functional as F
 
 from sf_helpers import ModelSpec, assert_close, capture_graph, make_cache, make_tree
-from specfold_compile import fold_ops, passes
+from specfold_compile import passes
+from specfold_compile.ops import fold_ops
 from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph
 from specfold_compile.passes import ops_table as T
 from specfold_compile.passes.insert_gates import TAU_NODE

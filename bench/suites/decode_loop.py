@@ -30,7 +30,8 @@ import torch
 from specfold_compile.backend import collect_stats, fold_launched_calls, specfold_backend
 from specfold_compile.decoding import VerifyGraphs, generate
 
-from .common import draft_tokens, draft_tree, time_launched
+from ..common import draft_tokens, draft_tree, time_launched
+from ._context import MODELS, BenchContext, tuning
 
 LOOPS = ("launched", "cuda_graphs")
 TAU = 0.3  # per_check's: with 6 of 32 positions changed, recompute ratio ~0.19
@@ -39,7 +40,7 @@ TAU = 0.3  # per_check's: with 6 of 32 positions changed, recompute ratio ~0.19
 def _allow_many_graphs() -> None:
     """Several backends compile the same ``forward`` here, each for a dynamic and a static cache and for
     N = 1 and N > 1: more than Dynamo's default 8 entries per code object, past which it runs the
-    frame eager without a compile (session 14's first run hit it; those rows were discarded)."""
+    frame eager without a compile."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
 
@@ -57,11 +58,11 @@ def trained_rows(args, device: str, kernels: str, device_name: str) -> list[dict
     model = load_model(None, device=device)
     graph_file = Path(DEFAULT_MODEL_DIR) / "draft_graph.json"
     draft_graph = str(graph_file) if graph_file.is_file() else None
-    options = {"tau": 0.1, "kernels": kernels}
+    options = {"tau": 0.1, "kernels": kernels, "tuning": tuning(args)}
     targets = {"vanilla": model, "spiffy": model, "spiffy_compiled": torch.compile(model),
                "specfold": torch.compile(model, backend=specfold_backend, options=options),
                "specfold_fold_all": torch.compile(model, backend=specfold_backend,
-                                                  options={**options, "fold_min_branches": 2})}
+                                                  options={**options, "tuning": tuning(args, fold_min_branches=2)})}
     graphs = {mode: _graphs(target, device) for mode, target in targets.items()}
     limit = min(args.limit, 5) if args.quick else args.limit
     rows = []
@@ -135,10 +136,11 @@ def _prefilled(model, device: str, seed: int):
     return model, dyn, torch.randint(0, vocab, (model.config.block_size,), generator=gen).to(device)
 
 
-def _compiled_targets(model, kernels: str) -> dict:
+def _compiled_targets(args, model, kernels: str) -> dict:
     """The decode-step rows' targets: Spiffy under Inductor and SpecFold (tau 0.3: r ~0.19 on these drafts)."""
     return {"spiffy_compiled": torch.compile(model),
-            "specfold": torch.compile(model, backend=specfold_backend, options={"tau": TAU, "kernels": kernels})}
+            "specfold": torch.compile(model, backend=specfold_backend, options={"tau": TAU, "kernels": kernels,
+                                                                          "tuning": tuning(args)})}
 
 
 def _agreement(name: str, a, b, masked) -> dict:
@@ -152,8 +154,8 @@ def shape_rows(args, device: str, kernels: str, device_name: str, build_model, m
     from the host, logits of the masked positions, confidences back to the host), launched and replayed,
     at N = 1, 9 and 17 with drafts changing 6 of 32 positions (recompute ratio ~0.19 at tau = 0.3, as
     per_check's 0.25 target). Both loops read a static cache of 768 keys holding a 512-token prefix
-    (what ``generate`` allocates for 256 new tokens; replayed calls read its 512-key window since
-    session 16), so each mode compiles once; the eager model checks the static cache against the dynamic
+    (what ``generate`` allocates for 256 new tokens; replayed calls read its 512-key
+    window), so each mode compiles once; the eager model checks the static cache against the dynamic
     one at this shape (bf16)."""
     from specfold_compile.decoding.decoder import _verify
 
@@ -162,7 +164,7 @@ def shape_rows(args, device: str, kernels: str, device_name: str, build_model, m
     for name in models:
         model, dyn, _ = _prefilled(build_model(args, name), device, seed=0)
         cfg = model.config
-        targets = _compiled_targets(model, kernels)
+        targets = _compiled_targets(args, model, kernels)
         # the static cache against the dynamic one, eager model, N = 17
         _, _, tokens, parent_ids, positions = _call_inputs(cfg, 17, device)
         check = VerifyGraphs(model, replay="eager")
@@ -220,7 +222,7 @@ def write_rows(args, device: str, device_name: str, build_model, models) -> list
     eager and compiled (Inductor), launched; on a static cache of 768 keys (``append_block_static``: the
     block's K/V written in place, attention over the whole capacity, masked), launched
     (``model.write_block``) and replayed from a CUDA graph (``VerifyGraphs.write_block``, through a
-    768-key window here: since session 16 it reads the smallest 256 x 2^k keys holding prefix and
+    768-key window here: it reads the smallest 256 x 2^k keys holding prefix and
     block), eager and compiled. Each timed static call is followed by a reset of the cache's length (one
     small fill), so every call writes the same block at prefix 512. Every write's seed logits and K/V
     are compared with the dynamic eager write's."""
@@ -295,7 +297,7 @@ def window_rows(args, device: str, kernels: str, device_name: str, build_model, 
         rows.append(row)
         print(json.dumps(row), flush=True)
         del check, whole_cache, ref, out
-        targets = {**_compiled_targets(model, kernels), "eager_writes": model}
+        targets = {**_compiled_targets(args, model, kernels), "eager_writes": model}
         for mode, target in targets.items():
             whole = {}
             for windows in (None, CAPACITY_STEP):
@@ -336,4 +338,18 @@ def window_rows(args, device: str, kernels: str, device_name: str, build_model, 
         del model, targets, dyn
         if device == "cuda":
             torch.cuda.empty_cache()
+    return rows
+
+
+def run(args, ctx: BenchContext) -> list[dict]:
+    """generate() with CUDA-graph verification calls against launched ones: the trained model's task
+    suite, and ms per verification step at the --models shapes (default the 1.5B); --decode-parts."""
+    models = args.models or MODELS[:1]
+    rows = trained_rows(args, ctx.device, ctx.kernels, ctx.device_name()) if "trained" in args.decode_parts else []
+    if "shape" in args.decode_parts:
+        rows += shape_rows(args, ctx.device, ctx.kernels, ctx.device_name(), ctx.model, models)
+    if "writes" in args.decode_parts:
+        rows += write_rows(args, ctx.device, ctx.device_name(), ctx.model, models)
+    if "windows" in args.decode_parts:
+        rows += window_rows(args, ctx.device, ctx.kernels, ctx.device_name(), ctx.model, models)
     return rows

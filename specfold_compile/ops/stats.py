@@ -36,6 +36,13 @@ class LayerStats:
 
 
 class FoldStats:
+    """What the folded graphs did while a ``collect_stats()`` was active (see the module docstring).
+
+    ``calls`` counts folded calls, ``plain_calls`` those the backend ran on the plain graph;
+    ``layers`` holds a ``LayerStats`` per gate; ``recompute_ratio``, ``folded_rows`` and
+    ``chain_lengths`` sum them. ``repr()`` shows these numbers (it reads the recorded masks back).
+    """
+
     def __init__(self) -> None:
         self._pending: list[tuple[int, Tensor, Tensor]] = []
         self._layers: list[LayerStats] = []
@@ -104,6 +111,13 @@ class FoldStats:
         """The per-gate bool [N, B] masks of the last call."""
         return list(self._last_masks)
 
+    def __repr__(self) -> str:
+        ratio = self.recompute_ratio
+        return (f"FoldStats(calls={self.calls}, plain_calls={self.plain_calls}, "
+                f"launched_plain_calls={self.launched_plain_calls}, gates={len(self.layers)}, "
+                f"recompute_ratio={'nan' if ratio != ratio else f'{ratio:.3f}'}, folded_rows={self.folded_rows}, "
+                f"chain_lengths={self.chain_lengths}, invalid_parent_calls={self.invalid_parent_calls})")
+
 
 def _chain_lengths(fold: Tensor, parents: Tensor) -> dict[int, int]:
     """Length of each folded row's chain to its computed origin (1 = folded onto a computed parent)."""
@@ -149,7 +163,15 @@ def suspended() -> Iterator[None]:
 
 @contextlib.contextmanager
 def collect_stats() -> Iterator[FoldStats]:
-    """Record what the folded graphs do in this context (thread / task) while inside."""
+    """Record what the folded graphs do in this context (thread / asyncio task) while inside.
+
+    ``with collect_stats() as s: compiled(tokens, parents, cache)``, then read ``s``: ``s.calls``
+    (folded calls seen), ``s.plain_calls`` (calls run on the plain graph), ``s.recompute_ratio``
+    (computed draft rows / draft rows over every gate), ``s.layers`` (per gate), ``s.chain_lengths``,
+    ``s.fold_masks`` (the last call's masks) and ``s.invalid_parent_calls``; ``print(s)`` shows them.
+    Recording reads nothing back during a call (the numbers are computed when read); calls captured
+    into a CUDA graph are not recorded. Collectors nest: every active one records.
+    """
     s = FoldStats()
     token = _active.set(_active.get() + (s,))
     try:

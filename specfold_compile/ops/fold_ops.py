@@ -13,16 +13,19 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .kernels.attention_ref import block_attention_ref, prefix_attention_ref
-from .kernels.gate_ref import fold_gate_ref, resolve_folds_ref, safe_parents, valid_parent_rows
-from .kernels.packed_linear_ref import packed_linear_ref
-from .kernels.swiglu_ref import silu_mul_ref
+from ..kernels.attention_ref import block_attention_ref, prefix_attention_ref
+from ..kernels.attention_tuning import AttentionTuning
+from ..kernels.gate_ref import fold_gate_ref, resolve_folds_ref, safe_parents, valid_parent_rows
+from ..kernels.packed_linear_ref import packed_linear_ref
+from ..kernels.swiglu_ref import silu_mul_ref
+from . import stats
+from .device_profile import H200
 
 IMPLS = ("torch", "triton")
 
 
 def _kernels():
-    from . import kernels
+    from .. import kernels
 
     if not kernels.triton_available():
         raise RuntimeError("kernels='triton' needs triton (and a GPU, or TRITON_INTERPRET=1)")
@@ -111,8 +114,6 @@ def fold_gate(h: Tensor, parents: Tensor, tau: Tensor, gate_index: int, pack: bo
         rows = torch.arange(n_flat, device=h.device, dtype=torch.int64)
         count = torch.full((), n_flat, device=h.device, dtype=torch.int64)
         slot = origin.clone()
-    from .backend import stats
-
     stats.record_gate(gate_index, fold, parents)
     return fold, origin, rows, count, slot
 
@@ -155,9 +156,19 @@ def pack_external(t: Tensor, out_rank: int, row_branch: Tensor, row_pos: Tensor)
 
 @torch.library.custom_op("specfold::folded_attention", mutates_args=())
 def folded_attention(q_p: Tensor, k_p: Tensor, v_p: Tensor, k_pre: Tensor, v_pre: Tensor, slot: Tensor,
-                     count: Tensor, scale: float, impl: str, prefix_len: Optional[Tensor] = None) -> Tensor:
+                     count: Tensor, scale: float, impl: str, prefix_len: Optional[Tensor] = None,
+                     one_pass_max_prefix: int = H200.one_pass_max_prefix,
+                     one_pass_max_work: int = H200.one_pass_max_work,
+                     split_tile_us: float = H200.split_tile_us,
+                     split_merge_us: float = H200.split_merge_us,
+                     split_merge_us_per_row_head: float = H200.split_merge_us_per_row_head,
+                     programs_per_sm: int = H200.programs_per_sm,
+                     folded_rows_guess: float = H200.folded_rows_guess,
+                     min_split_prefix: int = H200.min_split_prefix) -> Tensor:
     """Packed q/k/v [R, 1, H, D] -> attention output [N, B, Hq, D] for every row. ``prefix_len``: as in
-    ``specfold::branch_attention`` (the valid keys of a static cache; None = all).
+    ``specfold::branch_attention`` (the valid keys of a static cache; None = all). The arguments after it
+    are the Triton launchers' ``AttentionTuning`` (``Tuning.folded_attention_args()``; defaults: the
+    H200 profile).
 
     The prefix state (o, lse) is computed once per computed row; each (n, b) merges the prefix state of
     its origin with its attention over its own branch's block keys (read through ``slot``). The Triton
@@ -166,7 +177,9 @@ def folded_attention(q_p: Tensor, k_p: Tensor, v_p: Tensor, k_pre: Tensor, v_pre
     """
     q, k, v = q_p.squeeze(1), k_p.squeeze(1), v_p.squeeze(1)
     if impl == "triton":
-        return _kernels().slot_attention(q, k, v, slot, k_pre, v_pre, scale, count, prefix_len=prefix_len)
+        tuning = AttentionTuning.from_fields(locals())
+        return _kernels().slot_attention(q, k, v, slot, k_pre, v_pre, scale, count, prefix_len=prefix_len,
+                                         tuning=tuning)
     n_computed = int(count)  # the reference may read the count; the Triton path never does
     o_pre, lse_pre = prefix_attention_ref(q[:n_computed], k_pre, v_pre, scale, prefix_len=prefix_len)
     pad = q.shape[0] - n_computed
@@ -177,83 +190,79 @@ def folded_attention(q_p: Tensor, k_p: Tensor, v_p: Tensor, k_pre: Tensor, v_pre
 
 
 @folded_attention.register_fake
-def _folded_attention_fake(q_p, k_p, v_p, k_pre, v_pre, slot, count, scale, impl, prefix_len=None):
+def _folded_attention_fake(q_p, k_p, v_p, k_pre, v_pre, slot, count, scale, impl, prefix_len=None, *tuning,
+                           **tuning_kw):
     n, b = slot.shape
     return q_p.new_empty((n, b, q_p.shape[-2], q_p.shape[-1]))
 
 
 # --- packed linear -------------------------------------------------------------------------------
 
-# A bf16 GEMM with fewer rows than this reads its weights for longer than it computes (the H200's ridge
-# is ~184 FLOP/byte, i.e. ~184 rows), so computing fewer rows saves nothing: the cuBLAS part of a packed
-# linear never goes below it.
-DENSE_LINEAR_MIN_ROWS = 128
-DENSE_LINEAR_ROW_MULTIPLE = 64  # keeps the cuBLAS part on whole row tiles of the spill kernel
-
-
-# The H200's roofline for one bf16 GEMM (copy bandwidth and bf16 rate measured there; bench/common.py's
-# floors use the same numbers), only to estimate what the rows past the cuBLAS head would add if cuBLAS
-# took them too (``min_spill_us``).
-GEMM_BYTES_PER_S, GEMM_FLOPS_PER_S = 4.3e12, 790e12
-
-
-def _gemm_us(rows: int, k: int, m: int, itemsize: int) -> float:
-    return 1e6 * max(k * m * itemsize / GEMM_BYTES_PER_S, 2.0 * rows * k * m / GEMM_FLOPS_PER_S)
+def _gemm_us(rows: int, k: int, m: int, itemsize: int, costs) -> float:
+    """One GEMM's roofline time on the device of ``costs`` (a DeviceProfile or a Tuning), only to estimate
+    what the rows past the cuBLAS head would add if cuBLAS took them too (``min_spill_us``)."""
+    return 1e6 * max(k * m * itemsize / costs.gemm_bytes_per_s, 2.0 * rows * k * m / costs.gemm_flops_per_s)
 
 
 def dense_rows(rows: int, dense_fraction: float, weight_shape: tuple[int, int] | None = None,
-               min_spill_us: float = 0.0, itemsize: int = 2) -> int:
-    """How many leading packed rows a packed linear hands to cuBLAS (a shape-only decision).
+               min_spill_us: float = 0.0, itemsize: int = 2, costs=H200) -> int:
+    """How many leading packed rows a packed linear hands to cuBLAS (a shape-only decision): at least
+    ``costs.dense_linear_min_rows`` (below the ridge, fewer rows save nothing), a multiple of
+    ``costs.dense_linear_row_multiple``, at most ``rows``.
 
     With ``min_spill_us > 0`` and the weight's ``(out, in)`` shape: every row, when cuBLAS on all rows is
     estimated to cost less than ``min_spill_us`` more than on the head alone, since the spill launch
     costs about that much even when it has nothing to do (small weights: k/v projections, tiny models).
+    ``costs``: the device numbers (a DeviceProfile, or the backend's Tuning, which has the same fields).
     """
     if dense_fraction >= 1.0:
         return rows
-    step = DENSE_LINEAR_ROW_MULTIPLE
-    want = max(DENSE_LINEAR_MIN_ROWS, -(-math.ceil(dense_fraction * rows) // step) * step)
+    step = costs.dense_linear_row_multiple
+    want = max(costs.dense_linear_min_rows, -(-math.ceil(dense_fraction * rows) // step) * step)
     head = min(rows, want)
     if head < rows and min_spill_us > 0 and weight_shape is not None:
         m, k = weight_shape
-        if _gemm_us(rows, k, m, itemsize) - _gemm_us(head, k, m, itemsize) < min_spill_us:
+        if _gemm_us(rows, k, m, itemsize, costs) - _gemm_us(head, k, m, itemsize, costs) < min_spill_us:
             return rows
     return head
 
 
-# What folding adds per gated region (decoder layer) when it runs, whatever it saves: the gate and origin
-# resolution, the packing gathers, the spill launches and the folded attention's launches. On the H200,
-# session 4's per_check table (every call folded) put dense Inductor minus SpecFold at ``fold_saving_us``
-# minus 3-18 us a layer wherever the estimate is small; 18 is where the decision matters (N = 9). Used
-# by the backend's cost model (``backend/dispatch.py``).
-FOLD_OVERHEAD_US = 18.0
-
-
 def fold_saving_us(rows: int, weight_shapes: list[tuple[int, int]], dense_fraction: float,
-                   min_spill_us: float = 0.0, itemsize: int = 2) -> float:
+                   min_spill_us: float = 0.0, itemsize: int = 2, costs=H200) -> float:
     """Estimated microseconds the packed linears save on a graph of ``rows`` (= N * B) rows: cuBLAS on
     every row minus cuBLAS on the head alone (``dense_rows``), summed over ``weight_shapes`` ((out, in)
     each), when the computed rows fit in the head. Zero while all rows are bandwidth-bound (every row
-    reads the same weights); attention's saving is left out (it only makes folding pay earlier)."""
+    reads the same weights); attention's saving is left out (it only makes folding pay earlier). The
+    backend's cost model (``backend/dispatch.py``) weighs it against ``costs.fold_overhead_us`` a layer."""
     saving = 0.0
     for m, k in weight_shapes:
-        head = dense_rows(rows, dense_fraction, (m, k), min_spill_us, itemsize)
-        saving += _gemm_us(rows, k, m, itemsize) - _gemm_us(head, k, m, itemsize)
+        head = dense_rows(rows, dense_fraction, (m, k), min_spill_us, itemsize, costs)
+        saving += _gemm_us(rows, k, m, itemsize, costs) - _gemm_us(head, k, m, itemsize, costs)
     return saving
 
 
 @torch.library.custom_op("specfold::packed_linear", mutates_args=())
 def packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None, count: Tensor, dense_fraction: float,
-                  impl: str, min_spill_us: float = 0.0) -> Tensor:
+                  impl: str, min_spill_us: float = 0.0,
+                  packed_linear_min_block_r: int = H200.packed_linear_min_block_r,
+                  dense_linear_min_rows: int = H200.dense_linear_min_rows,
+                  dense_linear_row_multiple: int = H200.dense_linear_row_multiple,
+                  gemm_bytes_per_s: float = H200.gemm_bytes_per_s,
+                  gemm_flops_per_s: float = H200.gemm_flops_per_s) -> Tensor:
     """``F.linear`` on the first ``count`` packed rows; the work shrinks with the recompute ratio.
 
     Triton impl: the first ``dense_rows(R, dense_fraction)`` rows go to cuBLAS unconditionally (its
     GEMMs are faster than ours, and the computed rows usually fit); the rest spill to the count-aware
     Triton GEMM, whose row tiles past the device-side ``count`` exit at once. No host sync either way.
+    The keyword arguments after ``min_spill_us`` are the device numbers of ``dense_rows`` and the spill
+    kernel's row-tile bound (``Tuning.packed_linear_args()``; defaults: the H200 profile).
     """
     if impl == "triton":
+        costs = H200.replace(dense_linear_min_rows=dense_linear_min_rows,
+                             dense_linear_row_multiple=dense_linear_row_multiple,
+                             gemm_bytes_per_s=gemm_bytes_per_s, gemm_flops_per_s=gemm_flops_per_s)
         rows, k = x.shape[0], x.shape[-1]
-        head = dense_rows(rows, dense_fraction, tuple(weight.shape), min_spill_us, x.element_size())
+        head = dense_rows(rows, dense_fraction, tuple(weight.shape), min_spill_us, x.element_size(), costs)
         if head == rows:
             return torch.nn.functional.linear(x, weight, bias)
         x2 = x.reshape(rows, k)
@@ -263,7 +272,8 @@ def packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None, count: Tensor,
                 torch.mm(x2[:head], weight.t(), out=y[:head])
             else:
                 torch.addmm(bias, x2[:head], weight.t(), out=y[:head])
-        _kernels().packed_linear(x2, weight, bias, count, row_start=head, out=y)
+        _kernels().packed_linear(x2, weight, bias, count, min_block_r=packed_linear_min_block_r, row_start=head,
+                                 out=y)
         return y.view(tuple(x.shape[:-1]) + (weight.shape[0],))
     n_computed = int(count)  # the reference may read the count; the Triton path never does
     y = x.new_zeros(tuple(x.shape[:-1]) + (weight.shape[0],))
@@ -272,7 +282,7 @@ def packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None, count: Tensor,
 
 
 @packed_linear.register_fake
-def _packed_linear_fake(x, weight, bias, count, dense_fraction, impl, min_spill_us=0.0):
+def _packed_linear_fake(x, weight, bias, count, dense_fraction, impl, min_spill_us=0.0, *tuning, **tuning_kw):
     return x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],))
 
 

@@ -7,6 +7,10 @@
   position-wise / mixing split of a decoder layer exact instead of pattern-matched.
 
 Both are ``torch.library.custom_op`` with fake implementations, so a rewritten graph can be traced again.
+
+The package is the floor the backend and the models stand on: ``fold_ops`` (the ops a folded graph
+calls), ``stats`` (``collect_stats``), ``device_profile`` (the cost model's per-device numbers). It
+imports only ``kernels``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import kernels
+from .. import kernels
+from .device_profile import H200
 
 
 @torch.library.custom_op("specfold::branches", mutates_args=())
@@ -48,8 +53,8 @@ def branch_attention(q: Tensor, k: Tensor, v: Tensor, k_pre: Tensor, v_pre: Tens
     ``prefix_len`` keys of the cache are the prefix, the rest is unused capacity (a static cache, whose
     length changes between CUDA-graph replays without changing any shape).
     """
-    if q.is_cuda and kernels.triton_available():
-        return kernels.branch_attention(q, k, v, k_pre, v_pre, scale, prefix_len=prefix_len)
+    if q.is_cuda and kernels.triton_available():  # (the model's op: the default device profile's launches)
+        return kernels.branch_attention(q, k, v, k_pre, v_pre, scale, prefix_len=prefix_len, tuning=H200.attention)
     return kernels.branch_attention_ref(q, k, v, k_pre, v_pre, scale, prefix_len=prefix_len)
 
 
