@@ -1,11 +1,9 @@
-"""Pass 5: choose the implementation of every fold op and make the packed linears count-aware.
-
-``kernels="torch"`` keeps the readable reference implementations; ``"triton"`` selects the generated
-Triton kernels (no host synchronisation); ``"auto"`` picks Triton when the graph runs on CUDA and
-Triton is importable. The linears of packed regions become ``specfold::packed_linear``, whose work
+"""Make the packed regions' work count-aware: their linears become ``specfold::packed_linear``, whose work
 shrinks with the number of computed rows without the host reading that number; so does the packed
 MLP's activation ``silu(gate) * up`` (``specfold::packed_silu_mul``, switch ``count_aware_swiglu``),
-the widest elementwise work of a layer.
+the widest elementwise work of a layer. Both run the implementation every fold op of the graph runs
+(``rewrite.fold_impl``: ``kernels="torch"`` the readable references, ``"triton"`` the generated Triton
+kernels, ``"auto"`` Triton when the graph runs on CUDA and Triton is importable).
 """
 
 from __future__ import annotations
@@ -18,17 +16,12 @@ import torch.nn.functional as F
 from torch.fx import GraphModule, Node
 
 from ..ops import fold_ops
-from .analyze import Analysis, _shape
 from .op_args import bound_arguments
+from .plan import RegionPlan, RowPlan, rewritten
+from .position_wise import shape_of as _shape
+from .rewrite import annotate, finish, fold_impl, resolve_impl
 
-
-def resolve_impl(kernels: str, device_type: str) -> str:
-    if kernels in fold_ops.IMPLS:
-        return kernels
-    from .. import kernels as k
-
-    return "triton" if device_type == "cuda" and k.triton_available() else "torch"
-
+__all__ = ["lower_kernels", "resolve_impl"]  # resolve_impl: read by backend.dispatch
 
 _SILU = (F.silu, torch.ops.aten.silu.default)
 _MUL = (operator.mul, torch.mul, torch.ops.aten.mul.Tensor)
@@ -52,7 +45,7 @@ def _split_half(node: Node) -> tuple[Node, int] | None:
     return split.args[0], node.args[1]
 
 
-def _swiglu_sites(packed: dict[Node, dict[str, Node]]) -> list[tuple[Node, Node, Node, Node, dict[str, Node]]]:
+def _swiglu_sites(packed: dict[Node, RowPlan]) -> list[tuple[Node, Node, Node, Node, RowPlan]]:
     """(mul, silu, gate, up, plan) for every ``silu(gate) * up`` whose operands are the outputs of
     packed linears of one plan, as two linears of the same width or the two equal halves of one
     fused gate_up linear; nothing else is matched, so every match has gate.shape == up.shape."""
@@ -69,7 +62,7 @@ def _swiglu_sites(packed: dict[Node, dict[str, Node]]) -> list[tuple[Node, Node,
                     if gate is lin:  # two linears
                         ok = up in packed and packed[up] is plan and up is not lin
                         if ok:  # same width (out features), from the weights' traced shapes
-                            w_gate, w_up = _shape(lin.args[1]), _shape(up.args[1])
+                            w_gate, w_up = _shape(lin.kwargs["weight"]), _shape(up.kwargs["weight"])
                             ok = w_gate is not None and w_up is not None and w_gate[0] == w_up[0]
                     else:  # the halves of one fused linear, gate first
                         g, u = _split_half(gate), _split_half(up)
@@ -79,49 +72,47 @@ def _swiglu_sites(packed: dict[Node, dict[str, Node]]) -> list[tuple[Node, Node,
     return sites
 
 
-def lower_kernels(gm: GraphModule, settings: Any) -> GraphModule:
-    analysis: Analysis = gm.meta["specfold"]
-    if not analysis.foldable:
-        return gm
-    graph = gm.graph
-    marker_value = analysis.marker.meta["example_value"]
-    impl = resolve_impl(settings.kernels, marker_value.device.type)
-    if impl == "triton":  # refused here, at compile time, rather than at the first call
-        from ..kernels import refuse_broken_bf16
+def _linear_arguments(lin: Node) -> tuple[Node, Node, Node | None]:
+    """(input, weight, bias) of an ``F.linear`` node, wherever the caller put them."""
+    bound = bound_arguments(lin)
+    if bound is None:  # the builtin's positional form
+        bound = {**dict(zip(("input", "weight", "bias"), lin.args)), **lin.kwargs}
+    return bound["input"], bound["weight"], bound.get("bias")
 
-        refuse_broken_bf16(marker_value.dtype, "options['kernels']='triton'")
-    regions = list(analysis.layers) + ([analysis.head] if analysis.head is not None else [])
-    for layer in regions:
-        for gate in layer.gates:
-            gate.args = (*gate.args[:5], impl, *gate.args[6:])
-        if getattr(layer, "attention", None) is not None and layer.attention.target is fold_ops.FOLDED_ATTENTION:
-            layer.attention.args = (*layer.attention.args[:8], impl, *layer.attention.args[9:])
-        lowered: dict[Node, dict[str, Node]] = {}
-        for lin, plan in layer.packed_linears:
-            x, weight = lin.args[0], lin.args[1]
-            bias = lin.args[2] if len(lin.args) > 2 else lin.kwargs.get("bias")
+
+def lower_kernels(gm: GraphModule, plan: RegionPlan, settings: Any) -> tuple[GraphModule, RegionPlan]:
+    if not plan.foldable:
+        return gm, plan
+    graph = gm.graph
+    impl = fold_impl(plan, settings)
+    regions = []
+    for region in plan.regions:
+        lowered: dict[Node, RowPlan] = {}
+        for lin, rows in region.packed_linears:
+            x, weight, bias = _linear_arguments(lin)
             with graph.inserting_before(lin):
-                packed = graph.call_function(fold_ops.PACKED_LINEAR, (x, weight, bias, plan["count"],
-                                                                       settings.dense_fraction, impl,
-                                                                       settings.min_spill_us),
-                                             settings.tuning.packed_linear_args())
+                packed = graph.call_function(fold_ops.PACKED_LINEAR, (), dict(
+                    x=x, weight=weight, bias=bias, count=rows.count, dense_fraction=settings.dense_fraction,
+                    impl=impl, min_spill_us=settings.min_spill_us, **settings.tuning.packed_linear_args()))
             packed.meta.update(lin.meta)
+            annotate(packed, region.label, "packed_linear")
             lin.replace_all_uses_with(packed)
             graph.erase_node(lin)
-            lowered[packed] = plan
+            lowered[packed] = rows
         n_swiglu = 0
         if getattr(settings, "count_aware_swiglu", True):
-            for mul, silu, gate, up, plan in _swiglu_sites(lowered):
+            for mul, silu, gate, up, rows in _swiglu_sites(lowered):
                 with graph.inserting_before(mul):
-                    act = graph.call_function(fold_ops.PACKED_SILU_MUL, (gate, up, plan["count"], impl))
+                    act = graph.call_function(fold_ops.PACKED_SILU_MUL, (), dict(gate=gate, up=up, count=rows.count,
+                                                                                impl=impl))
                 act.meta.update(mul.meta)
+                annotate(act, region.label, "packed_silu_mul")
                 mul.replace_all_uses_with(act)
                 graph.erase_node(mul)
                 if not silu.users:
                     graph.erase_node(silu)
                 n_swiglu += 1
-        layer.rewritten.append(f"kernels={impl}, {len(layer.packed_linears)} packed linears"
-                               + (f", {n_swiglu} packed SwiGLU" if n_swiglu else ""))
-    graph.lint()
-    gm.recompile()
-    return gm
+        regions.append(rewritten(region, f"kernels={impl}, {len(lowered)} packed linears"
+                                 + (f", {n_swiglu} packed SwiGLU" if n_swiglu else ""),
+                                 packed_linears=tuple((p, rows) for p, rows in lowered.items())))
+    return finish(gm), plan.with_regions(regions)

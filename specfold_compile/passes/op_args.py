@@ -85,3 +85,10 @@ def bound_arguments(node: Node) -> dict[str, Any] | None:
 def first_argument(bound: dict[str, Any]) -> Any:
     """The op's first parameter's value: the tensor it operates on (``input``, ``self``, ``tensors``)."""
     return next(iter(bound.values()), None)
+
+
+def schema_arguments(node: Node) -> dict[str, Any]:
+    """``{parameter name: argument}`` of a call to an ``OpOverload`` (a custom op such as
+    ``specfold::branch_attention``), from its schema; parameters left to their defaults are absent."""
+    names = [a.name for a in node.target._schema.arguments]
+    return {**dict(zip(names, node.args)), **node.kwargs}

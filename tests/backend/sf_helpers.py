@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from specfold_compile import reference
-from specfold_compile.backend import collect_stats, specfold_backend
+from specfold_compile.backend import collect_stats
 from specfold_compile.kernels.gate_ref import fold_flags_ref
 from specfold_compile.models import build
 
@@ -183,18 +183,6 @@ def compile_run(model, tokens, parents, cache, reset: bool = True, **options):
     assert len(s.fold_masks) == expected, f"{len(s.fold_masks)} gates ran, expected {expected}"
     assert s.calls == (1 if expected else 0)
     return out, s, compiled
-
-
-class CountingBackend:
-    """``specfold`` with fixed options, counting the graphs Dynamo hands it."""
-
-    def __init__(self, **options):
-        self.options = options
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs, **kwargs):
-        self.graphs.append(gm)
-        return specfold_backend(gm, example_inputs, options=self.options)
 
 
 @contextlib.contextmanager

@@ -4,11 +4,11 @@ import pytest
 import torch
 import torch._dynamo
 
-from sf_helpers import CountingBackend, ModelSpec, assert_close, capture_graph, make_cache, make_tree
-from specfold_compile.ops import fold_ops
-from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph, dispatch
+from sf_helpers import ModelSpec, assert_close, capture_graph, make_cache, make_tree
+from specfold_compile.backend import (SpecFoldBackend, SpecFoldSettings, collect_stats, compile_graph, dispatch,
+                                      run_passes)
 from specfold_compile.backend.settings import Tuning
-from specfold_compile.ops import stats
+from specfold_compile.ops import fold_ops, stats
 from specfold_compile.decoding import mark_dynamic_shapes
 from specfold_compile.reference import folded_verify
 
@@ -40,7 +40,7 @@ def test_fold_min_branches_picks_plain_or_folded_per_call(model_cache, inductor)
     if inductor:
         pytest.importorskip("torch._inductor")
     model, cache = model_cache
-    backend = CountingBackend(tau=0.3, fold_min_branches=5, kernels="torch", inductor=inductor)
+    backend = SpecFoldBackend(tau=0.3, fold_min_branches=5, kernels="torch", inductor=inductor)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend)
     seen = {}
@@ -48,7 +48,7 @@ def test_fold_min_branches_picks_plain_or_folded_per_call(model_cache, inductor)
         seen[n_rows] = (s.calls, s.plain_calls, len(s.fold_masks))
     assert seen == {3: (0, 1, 0), 4: (0, 1, 0), 5: (1, 0, 2), 6: (1, 0, 2)}, seen
     assert len(backend.graphs) == 1, "one Dynamo graph serves both variants"
-    plan = backend.graphs[0].meta["specfold"].fold_plan
+    plan = backend.graphs[0].fold_plan
     assert plan.variants == "both" and plan.n_input is not None
 
 
@@ -57,11 +57,12 @@ def test_static_n_below_threshold_is_not_rewritten(model_cache, tmp_path):
     cache = make_cache(model, seed=6)  # not marked dynamic: static shapes, real example inputs
     tokens, parents = make_tree(model, 3, "realistic", 1)
     gm, inputs = capture_graph(model, tokens, parents, cache)
-    out = compile_graph(gm, SpecFoldSettings(tau=0.3, fold_min_branches=4, dump_dir=str(tmp_path)))
+    rewrite = run_passes(gm, SpecFoldSettings(tau=0.3, fold_min_branches=4, dump_dir=str(tmp_path)))
+    out = rewrite.gm
     targets = [n.target for n in out.graph.nodes if n.op == "call_function"]
     assert fold_ops.FOLD_GATE not in targets and fold_ops.PACKED_LINEAR not in targets
-    assert out.meta["specfold"].fold_plan.variants == "plain"
-    report = (tmp_path / "regions.txt").read_text()
+    assert rewrite.fold_plan.variants == "plain"
+    report = (tmp_path / "graph_00" / "regions.txt").read_text()
     assert "fold_min_branches=4" in report and "N = 3 (static): not folded" in report
     with torch.no_grad():
         got = out(*inputs)
@@ -80,9 +81,8 @@ def _cost_model_plan(model, cache, monkeypatch, overhead_us, **options):
     cache = make_cache(model, seed=7)
     mark_dynamic_shapes(tokens, parents, cache)
     gm, _ = capture_graph(model, tokens, parents, cache)
-    out = compile_graph(gm, SpecFoldSettings(tau=0.3, kernels="triton",
-                                             tuning=Tuning(fold_overhead_us=overhead_us, **options)))
-    return out.meta["specfold"].fold_plan
+    return run_passes(gm, SpecFoldSettings(tau=0.3, kernels="triton",
+                                           tuning=Tuning(fold_overhead_us=overhead_us, **options))).fold_plan
 
 
 def test_cost_model_never_folds_a_tiny_model(model_cache, monkeypatch):
@@ -183,7 +183,7 @@ def test_launched_calls_through_torch_compile(model_cache, monkeypatch):
     model, cache = model_cache
     monkeypatch.setattr(dispatch, "_cost_model_applies", lambda impl, device: True)
     monkeypatch.setattr(dispatch, "cost_model_folds", lambda n, *args, **kwargs: n >= 3)
-    backend = CountingBackend(tau=0.3, kernels="torch")
+    backend = SpecFoldBackend(tau=0.3, kernels="torch")
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend)
     seen = []
@@ -193,7 +193,7 @@ def test_launched_calls_through_torch_compile(model_cache, monkeypatch):
         for n_rows, s in _calls(compiled, model, cache, (4,), 0.3):
             seen.append((s.calls, s.plain_calls, s.launched_plain_calls))
     assert seen == [(0, 1, 1), (0, 1, 1), (1, 0, 0)], seen
-    assert backend.graphs[0].meta["specfold"].fold_plan.launched_plain
+    assert backend.graphs[0].fold_plan.launched_plain
 
 
 def test_static_n_graph_keeps_a_plain_graph_for_launched_calls(model_cache, monkeypatch):

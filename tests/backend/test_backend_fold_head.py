@@ -4,7 +4,7 @@ the same properties: P1 at tau = 0, P2 for the main row, P4 against the referenc
 import pytest
 import torch
 
-from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph
+from specfold_compile.backend import SpecFoldSettings, collect_stats, run_passes
 from specfold_compile.models import build
 from specfold_compile.reference import folded_verify
 from sf_helpers import capture_graph
@@ -51,8 +51,8 @@ def test_fold_head_properties(name, gate):
 
 def test_head_region_is_norm_and_head_only():
     model, cache, tokens, parents = _problem("tiny-fast-dllm-v2", seed=1)
-    gm = compile_graph(capture_graph(model, tokens, parents, cache)[0], SpecFoldSettings(tau=0.3, fold_head=True))
-    head = gm.meta["specfold"].head
+    rewrite = run_passes(capture_graph(model, tokens, parents, cache)[0], SpecFoldSettings(tau=0.3, fold_head=True))
+    head = rewrite.plan.head
     # RMSNorm (8 ops) and the tied LM head; the logit shift (slices along positions), which the model
     # applies to the hidden states before them, stays outside: the region starts at its output.
     assert len(head.nodes) == 9 and len(head.outputs) == 1
@@ -62,6 +62,6 @@ def test_head_region_is_norm_and_head_only():
 
 def test_head_region_without_a_shift_starts_at_the_last_layer():
     model, cache, tokens, parents = _problem("tiny-nld", seed=1)
-    gm = compile_graph(capture_graph(model, tokens, parents, cache)[0], SpecFoldSettings(tau=0.3, fold_head=True))
-    head = gm.meta["specfold"].head
+    rewrite = run_passes(capture_graph(model, tokens, parents, cache)[0], SpecFoldSettings(tau=0.3, fold_head=True))
+    head = rewrite.plan.head
     assert head.h_in.target is not torch.cat and len(head.packed_linears) == 1

@@ -40,7 +40,7 @@ def test_from_hf_folds_and_keeps_p1_p4(kind, tmp_path):
     dense = wrapped(tokens, parents, cache)
 
     out0, s0, _ = compile_run(wrapped, tokens, parents, cache, tau=0.0, dump_dir=str(tmp_path), strict=True)
-    report = (tmp_path / "regions.txt").read_text()
+    report = (tmp_path / "graph_00" / "regions.txt").read_text()
     assert "decoder layers found: 2" in report, report
     assert "blocker" not in report and "not rewritten" not in report, report
     assert len(re.findall(r"rewritten: 1 gate\(s\), packed .*folded attention, kernels=torch, 6 packed linears",

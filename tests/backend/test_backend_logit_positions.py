@@ -6,7 +6,7 @@ import contextlib
 import pytest
 import torch
 
-from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph
+from specfold_compile.backend import SpecFoldSettings, collect_stats, run_passes
 from sf_helpers import ModelSpec, assert_close, capture_graph, make_cache, make_tree
 
 
@@ -46,6 +46,6 @@ def test_fold_head_note_with_logit_positions():
     tokens, parents = make_tree(model, 5, "realistic", 1)
     gm, _ = capture_graph(model, tokens, parents, cache, _masked_positions(model, tokens))
     with pytest.warns(UserWarning, match="fold_head=True.*head runs dense"):
-        analysis = compile_graph(gm, SpecFoldSettings(tau=0.3, fold_head=True)).meta["specfold"]
+        analysis = run_passes(gm, SpecFoldSettings(tau=0.3, fold_head=True)).plan
     assert analysis.head is None and len(analysis.layers) == 2
     assert any("fold_head" in note for note in analysis.notes), analysis.notes

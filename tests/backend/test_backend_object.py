@@ -72,7 +72,7 @@ def test_backend_object_matches_the_registered_name_and_records_graphs(tiny):
     folded, single = backend.graphs
     assert folded.folded and not folded.blockers and folded.skip_reason is None
     assert "forward" in folded.function and "decoder layers found: 2" in folded.report
-    assert "fold every multi-branch call" in folded.fold_plan
+    assert "fold every multi-branch call" in folded.fold_plan.description
     assert not single.folded and "N = 1" in single.skip_reason and single.fold_plan is None
     assert folded.compile_id != single.compile_id
     assert "tau=0.3" in repr(backend)

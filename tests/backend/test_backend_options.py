@@ -15,9 +15,7 @@ from torch import nn
 from sf_helpers import ModelSpec, assert_close, capture_graph, compile_run, make_cache, make_tree, root_cause
 from specfold_compile import ops
 from specfold_compile.backend import SpecFoldError, SpecFoldSettings, collect_stats, compile_graph
-from specfold_compile.passes import PIPELINE, find_regions
-
-PASS_NAMES = [name for name, _ in PIPELINE]
+from specfold_compile.passes import REWRITES, find_regions
 
 
 def _compile_error(model, args, options) -> BaseException:
@@ -100,49 +98,62 @@ def test_fold_false_gives_dense_result(tiny):
 
 # --- dumps -----------------------------------------------------------------------------------------
 
-def _expected_dump_files(prefix=""):
-    names = {f"{prefix}{i:02d}_{name}_{when}.py" for i, name in enumerate(PASS_NAMES) for when in ("before", "after")}
-    return names | {f"{prefix}regions.txt"}
+REWRITE_NAMES = [name for name, _ in REWRITES]
+
+
+def _expected_dump_files(rewrites=REWRITE_NAMES):
+    """The files of one graph's dump folder: the input, every rewrite but the last, the final graph."""
+    steps = ["input"] + list(rewrites[:-1]) + ["final"]
+    return {f"{i:02d}_{name}.py" for i, name in enumerate(steps)} | {"regions.txt"}
+
+
+def _files(folder):
+    return {p.name for p in folder.iterdir()}
 
 
 def test_dump_dir_writes_every_pass_and_report(tiny, tmp_path):
     model, tokens, parents, cache = tiny
     compile_run(model, tokens, parents, cache, tau=0.3, dump_dir=str(tmp_path))
-    files = {p.name for p in tmp_path.iterdir()}
-    assert files == _expected_dump_files(), sorted(files)
-    for p in tmp_path.glob("*.py"):
+    assert _files(tmp_path) == {"graph_00"}
+    graph = tmp_path / "graph_00"
+    assert _files(graph) == _expected_dump_files(), sorted(_files(graph))
+    for p in graph.glob("*.py"):
         assert "def forward" in p.read_text()
-    assert "specfold.branches" in (tmp_path / "00_find_regions_before.py").read_text()
-    final = (tmp_path / f"{len(PASS_NAMES) - 1:02d}_strip_marker_after.py").read_text()
+    assert "specfold.branches" in (graph / "00_input.py").read_text()
+    final = (graph / f"{len(REWRITE_NAMES):02d}_final.py").read_text()
     assert "specfold.branches" not in final and "specfold.fold_gate" in final
-    report = (tmp_path / "regions.txt").read_text()
+    assert final.startswith("# graph ") and "after strip_marker, the graph that runs" in final.splitlines()[0]
+    # inserted nodes are listed with their region and role
+    annotations = final[final.index("# nodes inserted by specfold"):]
+    assert "fold_gate_default: layer 0, gate" in annotations and "layer 1, packed_linear" in annotations
+    assert "specfold_tau: graph, tau" in annotations
+    assert "nodes inserted" not in (graph / "00_input.py").read_text()
+    report = (graph / "regions.txt").read_text()
     assert "decoder layers found: 2" in report and "blocker" not in report
     assert len(re.findall(r"layer \d .*rewritten: .*folded attention", report)) == 2
-    # A second graph in the same directory gets its own prefix instead of overwriting.
+    # A second graph in the same directory gets its own folder instead of overwriting.
     torch._dynamo.reset()
     compile_run(model, tokens[:2], parents[:2], cache, tau=0.3, dump_dir=str(tmp_path))
-    files = {p.name for p in tmp_path.iterdir()}
-    assert files == _expected_dump_files() | _expected_dump_files("g1_")
+    assert _files(tmp_path) == {"graph_00", "graph_01"}
+    assert _files(tmp_path / "graph_01") == _expected_dump_files()
 
 
 def test_dump_dir_from_environment(tiny, tmp_path, monkeypatch):
     model, tokens, parents, cache = tiny
     monkeypatch.setenv("SPECFOLD_DUMP_DIR", str(tmp_path / "env"))
     compile_run(model, tokens, parents, cache, tau=0.3)
-    assert {p.name for p in (tmp_path / "env").iterdir()} == _expected_dump_files()
+    assert _files(tmp_path / "env" / "graph_00") == _expected_dump_files()
     # An explicit option wins over the environment.
     torch._dynamo.reset()
     compile_run(model, tokens, parents, cache, tau=0.3, dump_dir=str(tmp_path / "opt"))
-    assert (tmp_path / "opt" / "regions.txt").is_file()
-    assert not (tmp_path / "env" / "g1_regions.txt").exists()
+    assert (tmp_path / "opt" / "graph_00" / "regions.txt").is_file()
+    assert _files(tmp_path / "env") == {"graph_00"}
 
 
 def test_dump_with_fold_false(tiny, tmp_path):
     model, tokens, parents, cache = tiny
     compile_run(model, tokens, parents, cache, fold=False, dump_dir=str(tmp_path))
-    files = {p.name for p in tmp_path.iterdir()}
-    assert files == {"00_find_regions_before.py", "00_find_regions_after.py", "01_strip_marker_before.py",
-                     "01_strip_marker_after.py", "regions.txt"}
+    assert _files(tmp_path / "graph_00") == {"00_input.py", "01_final.py", "regions.txt"}
 
 
 # --- fallback and strict mode ----------------------------------------------------------------------
@@ -223,7 +234,7 @@ def test_supported_hand_written_model_folds():
     model = TinyVerifier(None)
     args = _verifier_inputs()
     gm, _ = capture_graph(model, *args)
-    analysis = find_regions(gm, SpecFoldSettings()).meta["specfold"]
+    analysis = find_regions(gm, SpecFoldSettings())
     assert analysis.foldable and len(analysis.layers) == 2, analysis.blockers
     torch._dynamo.reset()
     with warnings.catch_warnings(record=True) as record, collect_stats() as s:
@@ -239,7 +250,7 @@ def test_unsupported_op_falls_back_with_one_warning(bad, op):
     model = TinyVerifier(bad)
     args = _verifier_inputs()
     gm, _ = capture_graph(model, *args)
-    blockers = find_regions(gm, SpecFoldSettings()).meta["specfold"].blockers
+    blockers = find_regions(gm, SpecFoldSettings()).blockers
     assert len(blockers) == 2 and {b.layer for b in blockers} == {0, 1}
     assert all(b.kind == "unsupported_op" and op in str(b) for b in blockers)
 
@@ -272,7 +283,7 @@ def test_strict_error_from_compile_graph(tmp_path):
     with pytest.raises(SpecFoldError) as info:
         compile_graph(gm, SpecFoldSettings(strict=True, dump_dir=str(tmp_path)))
     assert len(info.value.blockers) == 2
-    report = (tmp_path / "regions.txt").read_text()
+    report = (tmp_path / "graph_00" / "regions.txt").read_text()
     assert all(f"blocker: {b}" in report for b in info.value.blockers)
 
 

@@ -6,10 +6,10 @@ import torch
 import torch._dynamo
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from sf_helpers import (CountingBackend, ModelSpec, assert_close, capture_graph, chain_lengths_of, compile_run,
+from sf_helpers import (ModelSpec, assert_close, capture_graph, chain_lengths_of, compile_run,
                         make_cache, make_tree, rel_err)
+from specfold_compile.backend import SpecFoldBackend, SpecFoldSettings, collect_stats, compile_graph
 from specfold_compile.ops import fold_ops
-from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph
 from specfold_compile.reference import folded_verify
 
 
@@ -23,7 +23,7 @@ def model_cache():
 
 def test_dynamic_n_recompiles_at_most_once(model_cache):
     model, cache = model_cache
-    backend = CountingBackend(tau=0.3)
+    backend = SpecFoldBackend(tau=0.3)
     compiled = torch.compile(model, backend=backend)
     for n_rows in (3, 5, 7, 9):
         tokens, parents = make_tree(model, n_rows, "realistic", n_rows)
@@ -41,7 +41,7 @@ def test_marked_dynamic_n_and_prefix_compile_one_graph(model_cache):
     from specfold_compile.decoding import mark_dynamic_shapes
 
     model, _ = model_cache
-    backend = CountingBackend(tau=0.3)
+    backend = SpecFoldBackend(tau=0.3)
     compiled = torch.compile(model, backend=backend)
     for n_rows, prompt_len in ((3, 7), (5, 7), (9, 23), (4, 40)):
         cache = make_cache(model, prompt_len=prompt_len)
@@ -68,7 +68,7 @@ def test_growing_prefix_cache(model_cache):
     """Decoding appends blocks to the prefix: the compiled model follows the cache length (positions, RoPE,
     query scaling past position 64) with at most one recompilation."""
     model, cache = model_cache
-    backend = CountingBackend(tau=0.3)
+    backend = SpecFoldBackend(tau=0.3)
     compiled = torch.compile(model, backend=backend)
     tokens, parents = make_tree(model, 5, "realistic", 12)
     for _ in range(5):  # prefix 7, 23, 39, 55, 71: the last two blocks straddle / pass position 64
@@ -111,7 +111,7 @@ def test_tau_is_one_graph_constant_read_by_every_gate(model_cache):
     taus = [n for n in gm.graph.nodes if n.target is torch.full]
     assert len(taus) == 1 and taus[0].args == ((), 0.375) and taus[0].kwargs["dtype"] == torch.float32
     gates = [n for n in gm.graph.nodes if n.target is fold_ops.FOLD_GATE]
-    assert gates and all(g.args[2] is taus[0] for g in gates)
+    assert gates and all(g.kwargs["tau"] is taus[0] for g in gates)
 
 
 @pytest.mark.parametrize("gate", ["layer", "sublayer"])
@@ -129,9 +129,9 @@ def test_gate_flags_in_graph_puts_one_flags_computation_before_each_gate(model_c
         counted[where] = (len(gates), len(flags))
         if where == "graph":
             assert len(gates) == len(flags)
-            assert all(g.args[6] is f and f.args[0] is g.args[0] for g, f in zip(gates, flags))
+            assert all(g.kwargs["flags"] is f and f.kwargs["h"] is g.kwargs["h"] for g, f in zip(gates, flags))
         else:
-            assert all(len(g.args) == 6 for g in gates)
+            assert all("flags" not in g.kwargs and len(g.kwargs) == 6 for g in gates)
     layers = 2 * (2 if gate == "sublayer" else 1)
     assert counted == {"kernel": (layers, 0), "graph": (layers, layers)}
 
@@ -329,7 +329,7 @@ def test_static_cache_folds_like_the_dynamic_cache_without_recompiling(kernels, 
     model = ModelSpec(family="fast-dllm-v2", layers=1, hidden=32, head_dim=8, block=8, seed=3).build()
     dyn = make_cache(model, prompt_len=5, seed=1)
     static = model.static_cache(dyn, capacity=40)
-    backend = CountingBackend(tau=0.3, kernels=kernels)
+    backend = SpecFoldBackend(tau=0.3, kernels=kernels)
     compiled = torch.compile(model, backend=backend)
     gen = torch.Generator().manual_seed(0)
     for block in range(3):

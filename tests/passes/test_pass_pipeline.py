@@ -15,10 +15,11 @@ import torch.nn.functional as F
 
 from sf_helpers import ModelSpec, assert_close, capture_graph, make_cache, make_tree
 from specfold_compile import passes
+from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph, run_passes
 from specfold_compile.ops import fold_ops
-from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph
 from specfold_compile.passes import ops_table as T
 from specfold_compile.passes.insert_gates import TAU_NODE
+from specfold_compile.passes.op_args import schema_arguments
 from specfold_compile.reference import folded_verify
 
 TAU = 0.3
@@ -94,12 +95,9 @@ class Run:
     inputs: tuple
     example_inputs: list
     gm: object
+    plan: object
     stages: dict
     dense: torch.Tensor
-
-    @property
-    def analysis(self):
-        return self.gm.meta["specfold"]
 
     @property
     def n_layers(self) -> int:
@@ -113,21 +111,22 @@ class Run:
         return folded_verify(self.model, *self.inputs, TAU, fold_masks=masks, gate=self.settings.gate)[0]
 
 
-def snapshot(gm) -> dict:
-    """The analysis (whose nodes later passes replace) as plain data."""
-    a = gm.meta["specfold"]
+def snapshot(gm, a) -> dict:
+    """The region plan ``a`` (whose nodes later passes replace) as plain data."""
     layers = []
     for layer in a.layers:
         layers.append(dict(
             index=layer.index, name=layer.name, h_in=layer.h_in.name, h_mid=layer.h_mid.name,
             h_out=layer.h_out.name, h_mid_target=layer.h_mid.target, h_out_target=layer.h_out.target,
-            attention=layer.attention.target, attention_inputs=[x.target for x in layer.attention.args[:3]],
+            attention=layer.attention.target,
+            attention_inputs=[schema_arguments(layer.attention)[name].target for name in
+                              (("q_p", "k_p", "v_p") if layer.attention.target is FOLDED else ("q", "k", "v"))],
             pre=[n.name for n in layer.pre_attention], mlp=[n.name for n in layer.mlp],
             pre_linears=sum(n.target in LINEARS for n in layer.pre_attention),
             mlp_linears=sum(n.target in LINEARS for n in layer.mlp),
             pre_rsqrt=sum(n.target is torch.rsqrt for n in layer.pre_attention),
-            gates=[(g.args[0].name, g.args[1].name, g.args[2].op, g.args[3], g.args[4], g.args[5])
-                   for g in layer.gates],
+            gates=[(g.kwargs["h"].name, g.kwargs["parents"].name, g.kwargs["tau"].op, g.kwargs["gate_index"],
+                    g.kwargs["pack"], g.kwargs["impl"]) for g in layer.gates],
             rewritten=list(layer.rewritten)))
     return dict(layers=layers, names={n.name for n in gm.graph.nodes}, foldable=a.foldable, blockers=list(a.blockers), skip_reason=a.skip_reason,
                 marker=a.marker.name if a.marker is not None else None,
@@ -150,17 +149,21 @@ def run_pipeline(family: str = "fast-dllm-v2", layers: int = 2, gate: str = "lay
     settings = SpecFoldSettings(tau=TAU, gate=gate, pack=pack, kernels=kernels)
     gm, example_inputs = capture_graph(model, tokens, parents, cache)
     stages = {}
+    plan = None
     for name, fn in passes.PIPELINE:
         before, code_before = count(gm), gm.code
-        gm = fn(gm, settings)
+        if name == "find_regions":
+            plan = fn(gm, settings)
+        else:
+            gm, plan = fn(gm, plan, settings)
         gm.graph.lint()
         out, masks = None, []
         if kernels == "torch":
             with collect_stats() as s:
                 out = _output(gm(*example_inputs))
             masks = s.fold_masks
-        stages[name] = Stage(name, before, count(gm), code_before, gm.code, out, masks, snapshot(gm))
-    return Run(spec, settings, model, (tokens, parents, cache), example_inputs, gm, stages,
+        stages[name] = Stage(name, before, count(gm), code_before, gm.code, out, masks, snapshot(gm, plan))
+    return Run(spec, settings, model, (tokens, parents, cache), example_inputs, gm, plan, stages,
                model(tokens, parents, cache))
 
 
@@ -212,6 +215,7 @@ def test_insert_gates_adds_one_gate_per_layer_or_sublayer(run):
     assert diff(st.before, st.after) == {GATE: run.n_gates, torch.full: 1}
     tau = next(n for n in run.gm.graph.nodes if n.name == TAU_NODE)
     assert tau.target is torch.full and tau.kwargs["dtype"] == torch.float32 and tau.args[1] == pytest.approx(TAU)
+    assert tau.meta["specfold"] == {"region": "graph", "role": "tau"}
     layers = st.snap["layers"]
     gates = [g for layer in layers for g in layer["gates"]]
     assert [g[3] for g in gates] == list(range(run.n_gates))
@@ -275,11 +279,10 @@ def test_lower_kernels_makes_packed_linears(run):
     assert linears(st.after) == L + 1
     for node in run.gm.graph.nodes:
         if node.target is PACKED_LINEAR:
-            assert node.args[4:] == (SpecFoldSettings().dense_fraction, "torch", SpecFoldSettings().min_spill_us)
-        if node.target is GATE:
-            assert node.args[5] == "torch"
-        if node.target is FOLDED:
-            assert node.args[8] == "torch"
+            assert (node.kwargs["dense_fraction"], node.kwargs["impl"], node.kwargs["min_spill_us"]) == \
+                (SpecFoldSettings().dense_fraction, "torch", SpecFoldSettings().min_spill_us)
+        if node.target in (GATE, FOLDED, PACKED_LINEAR, SILU_MUL):
+            assert not node.args and node.kwargs["impl"] == "torch"  # fold ops: keyword arguments only
     assert_close(st.out, run.reference(st.masks), what="after lower_kernels")
 
 
@@ -295,10 +298,10 @@ def test_strip_marker_removes_only_the_marker(run):
 @pytest.mark.parametrize("kernels, impl", [("triton", "triton"), ("auto", "torch")])
 def test_lower_kernels_impl_choice(kernels, impl):
     run = run_pipeline(family="fast-dllm-v2", layers=1, kernels=kernels)  # not executed: choice only
-    impl_arg = {GATE: 5, FOLDED: 8, PACKED_LINEAR: 5, SILU_MUL: 3}  # where each op's schema takes impl
-    impls = [n.args[impl_arg[n.target]] for n in run.gm.graph.nodes if n.target in impl_arg]
+    fold_op_targets = (GATE, FOLDED, PACKED_LINEAR, SILU_MUL)
+    impls = [n.kwargs["impl"] for n in run.gm.graph.nodes if n.target in fold_op_targets]
     assert len(impls) == 1 + 1 + sum(layer_linears(fused=True)) + 1 and set(impls) == {impl}
-    assert f"kernels={impl}" in run.analysis.layers[0].rewritten[-1]
+    assert f"kernels={impl}" in run.plan.layers[0].rewritten[-1]
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
@@ -311,11 +314,12 @@ def test_count_aware_swiglu_switch(fused):
         tokens, parents = make_tree(model, 5, "realistic", 2)
         gm, inputs = capture_graph(model, tokens, parents, cache)
         before = count(gm)
-        gm = compile_graph(gm, SpecFoldSettings(tau=TAU, count_aware_swiglu=on))
+        rewrite = run_passes(gm, SpecFoldSettings(tau=TAU, count_aware_swiglu=on))
+        gm = rewrite.gm
         d = diff(before, count(gm))
         assert d.get(SILU_MUL, 0) == (2 if on else 0)
         assert d.get(F.silu, 0) == (-2 if on else 0) and d.get(operator.mul, 0) == (-2 if on else 0)
-        assert ("1 packed SwiGLU" in gm.meta["specfold"].layers[0].rewritten[-1]) == on
+        assert ("1 packed SwiGLU" in rewrite.plan.layers[0].rewritten[-1]) == on
         with collect_stats() as s:
             outs[on] = _output(gm(*inputs))
         assert_close(outs[on], folded_verify(model, tokens, parents, cache, TAU, fold_masks=s.fold_masks)[0])
@@ -347,10 +351,11 @@ def test_only_the_marker_is_stripped(n_rows, options):
     tokens, parents = make_tree(model, n_rows, "random", 2)
     gm, inputs = capture_graph(model, tokens, parents, cache)
     before = count(gm)
-    gm = compile_graph(gm, SpecFoldSettings(tau=TAU, **options))
+    rewrite = run_passes(gm, SpecFoldSettings(tau=TAU, **options))
+    gm = rewrite.gm
     assert diff(before, count(gm)) == {MARKER: -1}
     if n_rows == 1:
-        assert "N = 1" in gm.meta["specfold"].skip_reason and not gm.meta["specfold"].foldable
+        assert "N = 1" in rewrite.plan.skip_reason and not rewrite.plan.foldable
     assert_close(_output(gm(*inputs)), model(tokens, parents, cache), tol=1e-6)
 
 
@@ -360,10 +365,11 @@ def test_passes_leave_a_graph_without_marker_alone():
     gm, inputs = capture_graph(lin, x)
     code, before = gm.code, count(gm)
     settings = SpecFoldSettings(tau=TAU)
-    for name, fn in passes.PIPELINE:
-        gm = fn(gm, settings)
+    plan = passes.find_regions(gm, settings)
+    for name, fn in passes.REWRITES:
+        gm, plan = fn(gm, plan, settings)
         assert gm.code == code and count(gm) == before, name
-    assert gm.meta["specfold"].skip_reason and not gm.meta["specfold"].blockers
+    assert plan.skip_reason and not plan.blockers
     assert torch.equal(_output(gm(*inputs)), lin(x))
 
 

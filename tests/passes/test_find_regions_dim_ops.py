@@ -54,7 +54,7 @@ def _inputs():
 
 
 def _analysis(model, args):
-    return find_regions(capture_graph(model, *args)[0], SpecFoldSettings()).meta["specfold"]
+    return find_regions(capture_graph(model, *args)[0], SpecFoldSettings())
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))

@@ -112,7 +112,7 @@ MIXING_EXTRA = {
 
 
 def _analysis(model):
-    return find_regions(capture_graph(model, *_inputs())[0], SpecFoldSettings()).meta["specfold"]
+    return find_regions(capture_graph(model, *_inputs())[0], SpecFoldSettings())
 
 
 def _compile(model, **options):
