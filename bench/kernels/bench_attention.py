@@ -26,9 +26,10 @@ import torch  # noqa: E402
 
 from specfold_compile.ops.device_profile import H200  # noqa: E402
 from specfold_compile.kernels.attention import (  # noqa: E402
-    SPLIT_CHOICES, _one_pass_config, block_attention, branch_attention, one_pass_attention, prefix_attention,
+    block_attention, branch_attention, one_pass_attention, prefix_attention,
     prefix_attention_states,
 )
+from specfold_compile.kernels.attention_launch import SPLIT_CHOICES, _one_pass_config  # noqa: E402
 from specfold_compile.kernels.attention_ref import (  # noqa: E402
     block_attention_ref, branch_attention_ref, merge_split_states, prefix_attention_ref,
 )

@@ -23,7 +23,6 @@ replays the same launches for any length.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -33,8 +32,10 @@ import triton.language as tl
 from . import _common
 
 from ._common import dot_precision, expect, interpreting, tl_dtype
+from .attention_checks import (_check_block_inputs, _check_last_contig, _check_prefix_inputs, _check_prefix_len,
+                               _check_tuning)
+from .attention_launch import _check_tile_config, _one_pass_config, _prefix_config, prefix_splits, use_one_pass
 from .attention_tuning import AttentionTuning
-from .interpreter_bf16 import refuse_broken_bf16
 
 
 @triton.jit
@@ -215,98 +216,6 @@ def _block_attn_kernel(
     tl.store(out_ptr + out_off, o.to(out_ptr.dtype.element_ty), mask=qmask)
 
 
-def _check_last_contig(**ts):
-    for name, t in ts.items():
-        expect(t.stride(-1) == 1 or t.shape[-1] == 1, name, "a contiguous last dim", f"strides {tuple(t.stride())}")
-
-
-def _check_prefix_len(prefix_len, q):
-    """``prefix_len``: None or a one-element integer tensor on q's device (checked from its metadata only:
-    its value stays on the device, for the kernels to load)."""
-    if prefix_len is None:
-        return
-    expect(isinstance(prefix_len, torch.Tensor), "prefix_len", "a tensor (the device-side prefix length)",
-           type(prefix_len).__name__)
-    expect(prefix_len.dtype in (torch.int32, torch.int64), "prefix_len", "an int32 or int64 tensor", prefix_len.dtype)
-    expect(prefix_len.dim() <= 1 and prefix_len.numel() == 1, "prefix_len", "one element (shape [] or [1])",
-           tuple(prefix_len.shape))
-    expect(prefix_len.device == q.device, "prefix_len", f"q's device {q.device}", prefix_len.device)
-
-
-def _prefix_config(M_total: int, D: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_P, num_warps, num_stages) of the prefix kernel for M_total = rows * group."""
-    if interpreting():
-        return 16, 16, 4, 2
-    if M_total <= 64 * 132:
-        # three stages beat two at every point of the H200 sweep (1.5B and 7B shapes, prefix 512 / 2048,
-        # N = 5 / 17, all rows or 19% computed: 8-18% faster; ``bench/kernels/bench_attention.py --sweep``)
-        return 64, 64, 4, 3
-    return 128, 64, 8, 2
-
-
-# Attention runs in one pass (``one_pass_attention``: the block kernel walks the prefix itself, for every
-# row, in programs of 16 query rows of one kv head) when the prefix and the walk (rows x query heads x
-# prefix keys) are small enough (``AttentionTuning.one_pass_max_prefix`` / ``one_pass_max_work``);
-# otherwise a prefix kernel writes states for the computed rows and the block kernel merges them (two
-# launches and a state round trip; from ``min_split_prefix`` keys on it can split the prefix).
-
-
-def _one_pass_config() -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_P, num_warps, num_stages) of the one-pass kernel: 16 query rows a program (the
-    best of 24 configs at every N = 1 and N = 5 point of the sweep: more programs walk the prefix)."""
-    if interpreting():
-        return 16, 16, 4, 2
-    return 16, 64, 4, 3
-
-
-def use_one_pass(rows: int, q_heads: int, prefix: int, tuning: AttentionTuning) -> bool:
-    """Whether ``slot_attention`` runs one pass for ``rows`` rows (N * B, each walking the prefix) of
-    ``q_heads`` query heads over ``prefix`` keys (shapes only: a captured CUDA graph replays the same
-    launches)."""
-    return prefix <= tuning.one_pass_max_prefix and rows * q_heads * prefix <= tuning.one_pass_max_work
-
-
-def _check_tile_config(config) -> tuple[int, int, int, int]:
-    ok = isinstance(config, tuple) and len(config) == 4 and all(isinstance(c, int) and c >= 1 for c in config)
-    if ok:
-        block_m, block_p, warps, _ = config
-        ok = all(b >= 16 and b & (b - 1) == 0 for b in (block_m, block_p)) and warps & (warps - 1) == 0
-    if not ok:
-        raise ValueError("config: expected (BLOCK_M, BLOCK_P, num_warps, num_stages), block sizes powers of "
-                         f"two >= 16 and num_warps a power of two, got {config!r}")
-    return config
-
-
-SPLIT_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)
-MAX_PREFIX_SPLITS = SPLIT_CHOICES[-1]
-# The split count's cost model (``AttentionTuning``; the numbers and what they were fitted to are in
-# ``ops/device_profile.py``): a program walks its share of the prefix's key tiles at ``split_tile_us`` a
-# tile, and every split beyond the first costs the block kernel's merge max(split_merge_us,
-# split_merge_us_per_row_head * rows * Hq); at most ``programs_per_sm`` working programs share an SM.
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def prefix_splits(programs: int, P: int, block_p: int, device: torch.device, row_heads: int = 0, *,
-                  tuning: AttentionTuning) -> int:
-    """The split count with the least estimated time of both kernels: the key tiles each program walks
-    plus the merge cost of the extra states (``row_heads``: rows x query heads the block kernel merges),
-    among the counts of SPLIT_CHOICES that put at most ``tuning.programs_per_sm`` of the ``programs``
-    (the ones expected to have rows) on an SM. One split off the GPU and below
-    ``tuning.min_split_prefix`` keys. From shapes only, so a captured CUDA graph replays the same launch."""
-    if device.type != "cuda" or interpreting() or P < tuning.min_split_prefix:
-        return 1
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    tiles = triton.cdiv(P, block_p)
-    most = max(1, min(tiles, MAX_PREFIX_SPLITS, tuning.programs_per_sm * sms // max(programs, 1)))
-    merge_us = max(tuning.split_merge_us, tuning.split_merge_us_per_row_head * row_heads)
-    return min((s for s in SPLIT_CHOICES if s <= most),
-               key=lambda s: tuning.split_tile_us * triton.cdiv(tiles, s) + merge_us * (s - 1))
-
-
 def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.Tensor, scale: float,
                             count: torch.Tensor | None = None, splits: int | None = None,
                             config: tuple[int, int, int, int] | None = None, row_tiles_outer: bool = True,
@@ -334,12 +243,6 @@ def prefix_attention_states(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.T
     _check_tuning(tuning, needed=splits is None)
     return _launch_prefix_kernel(q, k_pre, v_pre, scale, count, splits, config, row_tiles_outer, prefix_len,
                                  tuning)
-
-
-def _check_tuning(tuning, needed: bool = True) -> None:
-    if needed or tuning is not None:
-        expect(isinstance(tuning, AttentionTuning), "tuning", "an AttentionTuning (e.g. H200.attention from "
-               "specfold_compile.ops.device_profile)", type(tuning).__name__)
 
 
 def _launch_prefix_kernel(q, k_pre, v_pre, scale, count=None, splits=None, config=None, row_tiles_outer=True,
@@ -383,20 +286,6 @@ def prefix_attention(q: torch.Tensor, k_pre: torch.Tensor, v_pre: torch.Tensor, 
     ``prefix_attention_states`` with one split (``prefix_len``: the valid keys, as there)."""
     o, lse = prefix_attention_states(q, k_pre, v_pre, scale, count, splits=1, prefix_len=prefix_len)
     return o[0], lse[0]
-
-
-def _check_block_inputs(q, k, v, slot):
-    expect(q.dim() == 3, "q", "[R, Hq, D]", tuple(q.shape))
-    R, Hq, D = q.shape
-    expect(k.dim() == 3 and k.shape[0] == R and k.shape[-1] == D and Hq % max(k.shape[1], 1) == 0,
-           "k", f"[{R}, Hkv, {D}] with Hkv dividing Hq = {Hq}", tuple(k.shape))
-    expect(v.shape == k.shape, "v", f"k's shape {tuple(k.shape)}", tuple(v.shape))
-    expect(k.dtype == q.dtype and v.dtype == q.dtype, "k, v", f"q's dtype {q.dtype}", (k.dtype, v.dtype))
-    expect(slot.dim() == 2, "slot", "[N, B]", tuple(slot.shape))
-    expect(slot.dtype in (torch.int32, torch.int64), "slot", "int32 or int64 row indices", slot.dtype)
-    _check_last_contig(q=q, k=k, v=v)
-    refuse_broken_bf16(q.dtype, "attention")
-    return slot if slot.stride(-1) == 1 else slot.contiguous()
 
 
 def _launch_block_kernel(q, k, v, slot, scale, states=None, prefix=None, config=None, prefix_len=None):
@@ -470,21 +359,6 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: tor
            tuple(lse_pre.shape))
     _check_last_contig(o_pre=o_pre)
     return _launch_block_kernel(q, k, v, slot, scale, states=(o_pre, lse_pre))
-
-
-def _check_prefix_inputs(q, k_pre, v_pre, kv_heads: int | None = None):
-    """k_pre, v_pre [Hkv, P, D] in q's dtype, Hkv dividing Hq (or equal to ``kv_heads``, the block's)."""
-    Hq, D = q.shape[1], q.shape[-1]
-    heads_ok = k_pre.dim() == 3 and (Hq % max(k_pre.shape[0], 1) == 0 if kv_heads is None
-                                     else k_pre.shape[0] == kv_heads)
-    expect(heads_ok and k_pre.shape[-1] == D, "k_pre",
-           f"[Hkv, P, {D}] with Hkv dividing Hq = {Hq}" if kv_heads is None else f"[{kv_heads}, P, {D}] (k's kv heads)",
-           tuple(k_pre.shape))
-    expect(v_pre.shape == k_pre.shape, "v_pre", f"k_pre's shape {tuple(k_pre.shape)}", tuple(v_pre.shape))
-    expect(k_pre.dtype == q.dtype and v_pre.dtype == q.dtype, "k_pre, v_pre", f"q's dtype {q.dtype}",
-           (k_pre.dtype, v_pre.dtype))
-    _check_last_contig(k_pre=k_pre, v_pre=v_pre)
-    refuse_broken_bf16(q.dtype, "attention")
 
 
 def one_pass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: torch.Tensor,
