@@ -9,6 +9,8 @@ from specfold_compile.kernels import (  # noqa: E402
     block_attention, fold_gate, fold_gate_from_flags, packed_linear, prefix_attention_states, resolve_folds,
 )
 
+from .helpers import DEVICE  # noqa: E402
+
 
 def t(*shape, dtype=torch.float32):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(len(shape))).to(dtype)
@@ -66,9 +68,9 @@ def test_origin_resolution_names_the_bad_argument(resolve):
         resolve(torch.zeros(12, dtype=torch.bool), torch.zeros(3, dtype=torch.int64))
     with pytest.raises(ValueError, match="^parents: expected"):
         resolve(fold, torch.zeros(2, dtype=torch.int64))
-    chain = torch.tensor([[0, 0, 0, 0], [1, 0, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
-    ok = resolve(chain, torch.tensor([0, 0, 1], dtype=torch.int32))  # other integer dtypes are converted
-    ref = resolve(chain, torch.tensor([0, 0, 1], dtype=torch.int64))
+    chain = torch.tensor([[0, 0, 0, 0], [1, 0, 1, 0], [1, 1, 0, 0]], dtype=torch.bool, device=DEVICE)
+    ok = resolve(chain, torch.tensor([0, 0, 1], dtype=torch.int32, device=DEVICE))  # other integer dtypes
+    ref = resolve(chain, torch.tensor([0, 0, 1], dtype=torch.int64, device=DEVICE))  # are converted
     assert all(torch.equal(a, b) for a, b in zip(ok, ref))
 
 
