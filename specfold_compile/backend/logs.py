@@ -3,12 +3,13 @@ and a progress line for long compiles.
 
 * ``logging.getLogger("specfold_compile")``: the compile time of every graph (INFO) and why a graph runs
   unchanged (DEBUG). Registered with torch's logging as ``specfold``:
-  ``torch._logging.set_logs(specfold=logging.INFO)``, or ``TORCH_LOGS="+specfold_compile"`` (torch
-  parses ``TORCH_LOGS`` when it is imported, before this package can register a name, so the
-  environment names the module).
+  ``torch._logging.set_logs(modules={"specfold": logging.INFO})`` (``set_logs`` takes the names of
+  other libraries through ``modules``), or ``TORCH_LOGS="+specfold_compile"`` (torch parses
+  ``TORCH_LOGS`` when it is imported, before this package can register a name, so the environment
+  names the module).
 * the ``specfold_graphs`` artifact: the graph after every pass (inserted nodes annotated), the region
-  report and the fold decisions, at DEBUG: ``torch._logging.set_logs(specfold_graphs=True)``; it also
-  follows ``TORCH_LOGS="+specfold_compile"``.
+  report and the fold decisions, at DEBUG: ``torch._logging.set_logs(modules={"specfold_graphs": True})``;
+  it also follows ``TORCH_LOGS="+specfold_compile"``.
 * ``TORCH_TRACE=<dir>`` (read by tlparse): the same graphs as ``graph_dump`` entries named
   ``specfold_NN_<step>``, the region report as the string artifact ``specfold_region_report`` and the
   graph's record as the JSON artifact ``specfold_graph_record``.
