@@ -49,16 +49,6 @@ def _check(ok, expected: str, convert=lambda v: v, error=ValueError):
     return check
 
 
-def _tuning(label: str, value: Any):
-    from .settings import Tuning  # (the settings module defines it, and imports this one)
-
-    if isinstance(value, Tuning):
-        return value
-    if isinstance(value, dict):
-        return Tuning(**value)
-    raise TypeError(f"{label}: expected a Tuning (or a dict of its fields), got {value!r}")
-
-
 _CHECKS = {
     "tau": _tau,
     "gate": _choice(GATES),
@@ -78,7 +68,6 @@ _CHECKS = {
     "int>=1": _check(lambda v: _int(v) and v >= 1, "an int >= 1"),
     "int>=2": _check(lambda v: _int(v) and v >= 2, "an int >= 2"),
     "min_block_r": _check(lambda v: _int(v) and 1 <= v <= LARGEST_BLOCK_R, f"an integer from 1 to {LARGEST_BLOCK_R}"),
-    "tuning": _tuning,
 }
 
 

@@ -170,6 +170,14 @@ class Tuning:
                                                        "gemm_flops_per_s")}
 
 
+def _as_tuning(label: str, value: Any) -> Tuning:
+    if isinstance(value, Tuning):
+        return value
+    if isinstance(value, dict):
+        return Tuning(**value)
+    raise TypeError(f"{label}: expected a Tuning (or a dict of its fields), got {value!r}")
+
+
 @dataclass(frozen=True, init=False)
 class SpecFoldSettings:
     """Every option, with its default (keyword arguments; the flat tuning names of ``FLAT_TUNING`` are
@@ -233,7 +241,9 @@ class SpecFoldSettings:
         for f in dataclasses.fields(SpecFoldSettings):
             value = options[f.name] if f.name in options else (
                 f.default_factory() if f.default is dataclasses.MISSING else f.default)
-            object.__setattr__(self, f.name, check_value(f"options[{f.name!r}]", value, f.metadata["kind"]))
+            label, kind = f"options[{f.name!r}]", f.metadata["kind"]
+            checked = _as_tuning(label, value) if kind == "tuning" else check_value(label, value, kind)
+            object.__setattr__(self, f.name, checked)
         if flat:
             kinds = {f.name: f.metadata["kind"] for f in dataclasses.fields(Tuning)}
             checked = {k: check_value(f"options[{k!r}]", v, kinds[k]) for k, v in flat.items()}
