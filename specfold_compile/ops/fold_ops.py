@@ -18,7 +18,7 @@ from ..kernels.attention_tuning import AttentionTuning
 from ..kernels.gate_ref import fold_gate_ref, resolve_folds_ref, safe_parents, valid_parent_rows
 from ..kernels.packed_linear_ref import packed_linear_ref
 from ..kernels.swiglu_ref import silu_mul_ref
-from . import stats
+from . import fold_masks, stats
 from .device_profile import H200
 
 IMPLS = ("torch", "triton")
@@ -99,6 +99,9 @@ def fold_gate(h: Tensor, parents: Tensor, tau: Tensor, gate_index: int, pack: bo
     Rows whose parent is invalid fold nothing (``invalid_parents_seen``).
     """
     invalid = _invalid_parents_flag(h.device)
+    forced = fold_masks.forced_flags(gate_index, h.shape[0], h.shape[1])
+    if forced is not None:  # a trace-driven benchmark's recorded masks (``fold_masks``)
+        flags = forced
     if flags is not None:
         if impl == "triton":
             fold, origin, rows, count, slot = _kernels().fold_gate_from_flags(flags, parents, invalid)
@@ -115,6 +118,7 @@ def fold_gate(h: Tensor, parents: Tensor, tau: Tensor, gate_index: int, pack: bo
         count = torch.full((), n_flat, device=h.device, dtype=torch.int64)
         slot = origin.clone()
     stats.record_gate(gate_index, fold, parents)
+    fold_masks.record(gate_index, fold)
     return fold, origin, rows, count, slot
 
 
