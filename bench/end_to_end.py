@@ -141,7 +141,8 @@ def _timed_graphs(graphs, clock: _Clock):
         del graphs.write_block
 
 
-def _timed_run(target, prompt, clock: _Clock, graphs, kwargs) -> dict:
+def _timed_run(target, prompt, clock: _Clock, graphs, kwargs, decode=None) -> dict:
+    """One timed decode: ``generate``, or ``decode`` (called as ``generate`` is)."""
     from specfold_compile.decoding import generate
 
     clock.reset()
@@ -162,7 +163,7 @@ def _timed_run(target, prompt, clock: _Clock, graphs, kwargs) -> dict:
     try:
         with ctx:
             t0 = time.perf_counter()
-            res = generate(model, prompt, cuda_graphs=graphs if graphs is not None else False, **kwargs)
+            res = (decode or generate)(model, prompt, cuda_graphs=graphs if graphs is not None else False, **kwargs)
             clock.sync()
             wall = time.perf_counter() - t0
             device_s = clock.device_s()
@@ -177,6 +178,7 @@ def _timed_run(target, prompt, clock: _Clock, graphs, kwargs) -> dict:
     step_s = (wall - prefill_s - writes_s) / steps
     first = clock.first_write if clock.first_write is not None else t0 + wall
     return {"tokens": res.tokens, "nfe": res.nfe, "steps": res.num_calls, "wall_s": wall,
+            "calls": [(s.branches, s.accepted, list(s.parents)) for s in res.steps],
             "step_ms": 1e3 * step_s, "host_ms": 1e3 * (step_s - device_s / steps), "ttft_ms": 1e3 * (first - t0)}
 
 

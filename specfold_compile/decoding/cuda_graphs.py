@@ -234,23 +234,25 @@ class VerifyGraphs:
         graph.logits, graph.replay = self._record(call, tokens.device)
         return graph
 
-    def _record(self, call, device: torch.device, restore: Tensor | None = None):
+    def _record(self, call, device: torch.device, restore: Tensor | tuple[Tensor, ...] | None = None):
         """``call``'s output and a function that runs it again: a replay of its CUDA graph in the shared
         pool (``replay="eager"``: ``call`` itself, its output copied into the first one's). The call is
         run once before the capture (compiles, autotunes, warms; on a side stream, as torch.cuda.graph's
         recipe asks) and once by a replay after it, whose output is this call's: a call that updates
-        ``restore`` in place (a block write advances the device length) gets it back between the two."""
+        ``restore`` (a tensor or a tuple of them) in place (a block write advances the device length) gets it
+        back between the two."""
         if self.replay == "eager":
             out = call()
             return out, lambda: out.copy_(call())
-        saved = None if restore is None else restore.clone()
+        restore = () if restore is None else (restore,) if isinstance(restore, Tensor) else tuple(restore)
+        saved = [t.clone() for t in restore]
         side = torch.cuda.Stream(device=device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             call()
         torch.cuda.current_stream(device).wait_stream(side)
-        if saved is not None:
-            restore.copy_(saved)
+        for t, value in zip(restore, saved):
+            t.copy_(value)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         cuda_graph = torch.cuda.CUDAGraph()

@@ -27,6 +27,7 @@ import warnings
 
 import torch
 
+from ..models.checks import loop_built_rows
 from .commit import block_finished, confidence
 from .cuda_graphs import VerifyGraphs
 from .decoder import GenerateResult, StepStats, _model_consts
@@ -79,8 +80,9 @@ class DeviceDecoder:
     compile that fails falls back to the eager ops, the reason kept in ``compile_error``."""
 
     def __init__(self, model, rules: StepRules, graph: DraftGraph | None, device: torch.device,
-                 graphs: VerifyGraphs | None = None, compile_step: bool | None = None):
-        self.model, self.rules, self.graphs = model, rules, graphs
+                 graphs: VerifyGraphs | None = None, compile_step: bool | None = None,
+                 trace=None):
+        self.model, self.rules, self.graphs, self.trace = model, rules, graphs, trace
         compile_step = device.type == "cuda" if compile_step is None else compile_step
         self._compiled = torch.compile(step_from_confidences, fullgraph=True, dynamic=False) if compile_step else None
         self.compile_error: str | None = None
@@ -92,13 +94,14 @@ class DeviceDecoder:
 
     @classmethod
     def for_graphs(cls, model, rules: StepRules, graph: DraftGraph | None, device: torch.device,
-                   graphs: VerifyGraphs | None, compile_step: bool | None = None) -> "DeviceDecoder":
+                   graphs: VerifyGraphs | None, compile_step: bool | None = None,
+                   trace=None) -> "DeviceDecoder":
         if graphs is None:
-            return cls(model, rules, graph, device, compile_step=compile_step)
+            return cls(model, rules, graph, device, compile_step=compile_step, trace=trace)
         kept = graphs.__dict__.setdefault("device_decoders", {})  # lives as long as its static cache
-        key = (rules, graph, device, compile_step)
+        key = (rules, graph, device, compile_step, id(trace))
         if key not in kept:
-            kept[key] = cls(model, rules, graph, device, graphs, compile_step)
+            kept[key] = cls(model, rules, graph, device, graphs, compile_step, trace)
         return kept[key]
 
     def _bookkeeping(self, *args):
@@ -117,7 +120,10 @@ class DeviceDecoder:
         rows, parents = buf.rows[:n], buf.parents[:n]
         if self.graphs is None:
             mark_dynamic_shapes(rows, parents, cache)
-        logits = self.model(rows, parents, cache)
+        if self.trace is not None:
+            self.trace.before()
+        with loop_built_rows():  # valid by construction: no data check, no read-back
+            logits = self.model(rows, parents, cache)
         rules = self.rules
         conf, tok = confidence(logits, rules.mask_id, rules.confidence_dtype, rules.argmax_of_probs)
         next_rows, next_parents, next_n, status = self._bookkeeping(conf, tok, rows, parents, buf.n_rows[0], buf.info,
@@ -126,6 +132,8 @@ class DeviceDecoder:
         buf.parents.copy_(next_parents.expand_as(buf.parents) if next_parents.shape[0] == 1 else next_parents)
         buf.n_rows.copy_(next_n.reshape(1))
         buf.status[:status.shape[0]].copy_(status)
+        if self.trace is not None:
+            self.trace.after(buf)
         return buf.status
 
     def step(self, n: int, cache) -> list[int]:
@@ -150,7 +158,9 @@ class DeviceDecoder:
         if replay is None:
             rows, parents = self.buffers.rows[:n], self.buffers.parents[:n]
             mark_dynamic_shapes(rows, parents, view)
-            _, replay = graphs._record(lambda: self._run(n, view), rows.device, restore=self.buffers.flat)
+            forced_index = getattr(self.trace, "index", None)  # a StepForcing's position in its record
+            restore = (self.buffers.flat,) + ((forced_index,) if forced_index is not None else ())
+            _, replay = graphs._record(lambda: self._run(n, view), rows.device, restore=restore)
             self.captured[key] = replay
             self.captures += 1
         else:
@@ -162,9 +172,11 @@ class DeviceDecoder:
 def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, graph, stop_at_eos,
                      compile_writes=False, graphs: VerifyGraphs | None = None,
                      confidence_dtype: str = "model", compile_step: bool | None = None,
-                     forward=None) -> GenerateResult:
+                     forward=None, trace=None) -> GenerateResult:
     """``decoder._decode``'s loop with ``DeviceDecoder`` steps (arguments validated by ``generate``;
-    ``compile_step``: ``DeviceDecoder``'s; ``forward``: the verification call, None: ``model`` itself)."""
+    ``compile_step``: ``DeviceDecoder``'s; ``forward``: the verification call, None: ``model`` itself).
+    ``trace``: a ``step_forcing.StepRecorder`` (records every step's outcome and every seed) or
+    ``StepForcing`` (replays a record), for trace-driven benchmarks."""
     B, sb, mask_id, eos_id = _model_consts(model)
     fam = model.config.decoding_rules
     layout = layout_prompt(prompt_ids, B, fam.prompt_on_block_grid)
@@ -174,7 +186,8 @@ def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_b
     rules = StepRules(B, sb, mask_id, eos, threshold, fam.threshold_inclusive, confidence_dtype,
                       fam.argmax_of_probs, draft_budget if spiffy else 0)
     device = prompt_ids.device
-    decoder = DeviceDecoder.for_graphs(model if forward is None else forward, rules, graph if spiffy else None, device, graphs, compile_step)
+    decoder = DeviceDecoder.for_graphs(model if forward is None else forward, rules, graph if spiffy else None, device,
+                                       graphs, compile_step, trace)
     captures0, replays0 = decoder.captures, decoder.replays
     writes = {"compiled": True} if compile_writes else {}
     t0 = time.perf_counter()
@@ -193,6 +206,8 @@ def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_b
         x[:start] = torch.tensor(head, dtype=torch.long)
         if not head:  # the seed, read on the host as the Python loop reads it
             x[0] = int(confidence(cache.next_logits, mask_id)[1])
+            if trace is not None:
+                x[0] = trace.seed(int(x[0]))
         head = []
         if not block_finished(x, mask_id, need, eos, start):
             decoder.buffers.load_block(x, start, need)

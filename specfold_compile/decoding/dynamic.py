@@ -11,7 +11,11 @@ def mark_dynamic_shapes(tokens: torch.Tensor, parents: torch.Tensor, cache,
                         logit_positions: torch.Tensor | None = None) -> None:
     """The branch count, the prefix length and the number of masked positions change from call to call:
     mark them so a compiled model traces them as dynamic from the start (one graph per size class, not
-    one per size). N = 1 stays specialised, as torch.compile specialises sizes 0 and 1 anyway."""
+    one per size). N = 1 stays specialised, as torch.compile specialises sizes 0 and 1 anyway. The block
+    length is the model's constant and the folded forward needs it static: marked so, since Dynamo would
+    otherwise generalise it once the same forward code has run with another block length (a second model
+    of another config in the process) and the backend would then run that graph unfolded."""
+    torch._dynamo.mark_static(tokens, 1)
     if parents.numel() > 1:
         torch._dynamo.maybe_mark_dynamic(tokens, 0)
         torch._dynamo.maybe_mark_dynamic(parents, 0)

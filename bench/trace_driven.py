@@ -1,0 +1,250 @@
+"""Trace-driven end-to-end decoding at real shapes: the shipped model's decodes replayed, step for step,
+on random-weight models of the 1.5B / 7B / NLD-3B shapes, every forward, write, copy and host step timed.
+
+Random weights decode nothing meaningful, so the decisions come from a record. ``record`` decodes
+task-suite prompts with the shipped model in the device loop (``generate(loop="device")``'s loop) and
+keeps every step's outcome (``decoding.step_forcing``): vanilla, and Spiffy's calls through the
+SpecFold-compiled forward at ``--tau`` with each gate's fold mask. ``replay`` runs the same device loop
+at a real shape with those outcomes forced inside each step (so inside its CUDA graph) and those fold
+masks forced on each gate (P4: given its masks, a folded call's work is fixed): the same calls, rows,
+parents, accepted drafts, block writes and tokens as the record, with the real shape's forward,
+bookkeeping and writes. Each row says whether the replay reproduced the record's call sequence
+(``trace_reproduced``). The modes (all in the device loop; with CUDA graphs on CUDA):
+
+    vanilla          the recorded vanilla decode, the eager model
+    spiffy           the recorded Spiffy/SpecFold decode, the eager model (no folding)
+    spiffy_compiled  the same calls, the model compiled by Inductor (dense)
+    specfold         the same calls, the model compiled by the SpecFold backend, the recorded masks forced
+
+so the three speculative modes make exactly the same calls and differ only in how a call is computed.
+The record's model has 6 layers: gate ``g`` of a real-shape model takes the recorded mask of gate
+``g * 6 // layers``. The record is a Fast-dLLM v2 decode; a model of the other family (NLD-3B) lays a
+prompt out alike only when it fills whole blocks, so it replays a record made with ``--grid`` (prompts
+left-padded with the pad token to whole blocks). Rows as ``bench.end_to_end``'s,
+with ``trace_driven`` True::
+
+    python -m bench.trace_driven record --out TRACE.pt [--limit 4] [--tasks math,code,instruct] [--tau 0.1] [--grid]
+    python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models fast-dllm-v2-1.5b [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from bench.common import check_output, write_json
+from bench.end_to_end import _Clock, _row, _timed_run
+
+MODES = ("vanilla", "spiffy", "spiffy_compiled", "specfold")
+RECORDED = {"vanilla": "vanilla", "spiffy": "spiffy", "spiffy_compiled": "spiffy", "specfold": "spiffy"}
+
+
+def _decode(model, prompt, mode, args, graph, forward=None, trace=None, graphs=None):
+    from specfold_compile.decoding.device_loop import decode_on_device
+
+    return decode_on_device(model, prompt, mode, args.max_new_tokens, 0.9, args.draft_budget if mode != "vanilla" else 0,
+                            graph if mode != "vanilla" else None, True, graphs=graphs, forward=forward, trace=trace)
+
+
+def record(args) -> dict:
+    """The shipped model's device-loop decodes of the task-suite prompts: every step's outcome (and, for
+    the speculative decode, every gate's fold mask)."""
+    from specfold_compile.backend import SpecFoldBackend, fold_launched_calls
+    from specfold_compile.decoding.graph import load_draft_graph
+    from specfold_compile.decoding.step_forcing import StepRecorder
+    from specfold_compile.loading import DEFAULT_MODEL_DIR, encode, load_model
+    from specfold_compile.ops.fold_masks import recorded_fold_masks
+    from specfold_compile.tasks import sample
+
+    model = load_model(None, device=args.device)
+    cfg = model.config
+    graph = load_draft_graph(str(DEFAULT_MODEL_DIR / "draft_graph.json"), cfg.block_size)
+    kernels = "triton" if args.device == "cuda" else "torch"
+    folded = torch.compile(model, backend=SpecFoldBackend(tau=args.tau, kernels=kernels, fold_min_branches=2))
+    prompts = []
+    for task in args.tasks:
+        for problem in sample(task, "test", args.limit, 0):
+            prompt = encode(model, problem.prompt)
+            if args.grid:  # whole blocks: both families' layouts agree (decoding/prompt_layout.py)
+                pad = -prompt.numel() % cfg.block_size
+                prompt = torch.cat([torch.full((pad,), cfg.pad_token_id, dtype=prompt.dtype), prompt])
+            prompt = prompt.to(args.device)
+            entry = {"task": task, "prompt": prompt.cpu()}
+            for kind, forward in (("vanilla", None), ("spiffy", folded)):
+                with fold_launched_calls(), recorded_fold_masks() as masks:
+                    trace = StepRecorder(masks)
+                    res = _decode(model, prompt, kind, args, graph, forward=forward, trace=trace)
+                entry[kind] = {"steps": trace.steps, "seeds": trace.seeds, "tokens": res.tokens, "nfe": res.nfe}
+            prompts.append(entry)
+            print(f"recorded {task} prompt {len(prompts)}: vanilla nfe {entry['vanilla']['nfe']}, "
+                  f"speculative nfe {entry['spiffy']['nfe']}", flush=True)
+    return {"model": "specfold-tiny", "tau": args.tau, "max_new_tokens": args.max_new_tokens,
+            "draft_budget": args.draft_budget, "layers": cfg.num_layers, "mask_token_id": cfg.mask_token_id,
+            "eos_token_id": cfg.eos_token_id, "vocab_size": cfg.vocab_size, "block_size": cfg.block_size,
+            "family": cfg.family, "grid": args.grid, "prompts": prompts}
+
+
+def token_map(trace: dict, cfg) -> torch.Tensor:
+    """The record's token ids in ``cfg``'s vocabulary: mask and eos to the model's own, the others onto
+    ids that are neither."""
+    special = {cfg.mask_token_id, cfg.eos_token_id}
+    free = [i for i in range(trace["vocab_size"] + len(special) + 4) if i not in special][:trace["vocab_size"]]
+    table = torch.tensor(free, dtype=torch.long)
+    table[trace["mask_token_id"]] = cfg.mask_token_id
+    table[trace["eos_token_id"]] = cfg.eos_token_id
+    return table
+
+
+def _targets(model, modes, tau: float, device: str) -> dict:
+    from specfold_compile.backend import SpecFoldBackend
+
+    out = {}
+    for mode in modes:
+        if mode in ("vanilla", "spiffy"):
+            out[mode] = model
+        elif mode == "spiffy_compiled":
+            out[mode] = torch.compile(model, dynamic=True)
+        else:
+            out[mode] = torch.compile(model, backend=SpecFoldBackend(tau=tau, kernels="auto" if device == "cuda" else "torch"))
+    return out
+
+
+def replay(args, trace: dict, name: str) -> list[dict]:
+    """Every mode's replay of ``trace`` on a random bf16 model of preset ``name``."""
+    from specfold_compile.decoding import VerifyGraphs
+    from specfold_compile.decoding.graph import load_draft_graph
+    from specfold_compile.loading import DEFAULT_MODEL_DIR
+    from specfold_compile.decoding.step_forcing import StepForcing
+    from specfold_compile.models import build
+    from specfold_compile.ops.fold_masks import forced_fold_masks
+
+    cuda = args.device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    model = build(name, device=args.device, dtype=dtype, seed=0, **args.override)
+    cfg = model.config
+    if cfg.block_size != trace["block_size"]:
+        raise SystemExit(f"--models {name}: block size {cfg.block_size}, the record's is {trace['block_size']}")
+    if cfg.family != trace["family"] and not trace["grid"]:
+        raise SystemExit(f"--models {name}: a {cfg.family} model lays prompts out unlike the record's "
+                         f"{trace['family']}; replay a record made with --grid")
+    table = token_map(trace, cfg)
+    # the record's draft graph: each step builds its drafts (then replaced by the record's) as the record did
+    graph = load_draft_graph(str(DEFAULT_MODEL_DIR / "draft_graph.json"), cfg.block_size)
+    prompts = trace["prompts"]
+    targets = _targets(model, args.modes, trace["tau"], args.device)
+    rows, clock = [], _Clock(cuda)
+    for mode in args.modes:
+        kind = RECORDED[mode]
+        offsets, steps, seeds = [], [], []
+        for p in prompts:
+            offsets.append((len(steps), len(seeds)))
+            steps, seeds = steps + p[kind]["steps"], seeds + p[kind]["seeds"]
+        forcing = StepForcing(steps, seeds, torch.device(args.device), table, gates=cfg.num_layers)
+        graphs = VerifyGraphs(targets[mode], replay="cuda" if cuda else "eager") if cuda or args.eager_graphs else None
+        mapped = [table[p["prompt"]].to(args.device) for p in prompts]
+
+        def run(i: int) -> dict:
+            forcing.seek(*offsets[i])
+
+            def decode(model_, prompt, cuda_graphs=None, **_):
+                return _decode(model_, prompt, kind, args, graph, trace=forcing,
+                               graphs=cuda_graphs if cuda_graphs is not False else None)
+            out = _timed_run(targets[mode], mapped[i], clock, graphs, {}, decode=decode)
+            rec = prompts[i][kind]
+            out["reproduced"] = (out["tokens"] == table[torch.tensor(rec["tokens"], dtype=torch.long)].tolist()
+                                 and out["nfe"] == rec["nfe"] and out["calls"] == _recorded_calls(rec["steps"]))
+            return out
+        with forced_fold_masks(forcing.fold_masks):
+            t0 = time.perf_counter()
+            for i in range(len(prompts)):  # warm-up: compiles, captures, autotuning
+                run(i)
+            warm_s = time.perf_counter() - t0
+            runs = {mode: [[run(i) for _ in range(args.repeats)] for i in range(len(prompts))]}
+        by_task: dict[str, list[int]] = {}
+        for i, p in enumerate(prompts):
+            by_task.setdefault(p["task"], []).append(i)
+        for task, idx in by_task.items():
+            row = _row(name, task, mode, {mode: [runs[mode][i] for i in idx]}, warm_s, cuda)
+            row.update(trace_driven=True, loop="device", host_twin=None, same_as_host_twin=None, tokens_match=None,
+                       trace_reproduced=all(r["reproduced"] for i in idx for r in runs[mode][i]),
+                       record={"model": trace["model"], "decode": kind, "tau": trace["tau"]})
+            rows.append(row)
+            print(json.dumps(rows[-1]), flush=True)
+        if cuda:
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _recorded_calls(steps) -> list[tuple[int, int, list[int]]]:
+    """(rows, accepted, parents) of every recorded step, as ``GenerateResult.steps`` holds them."""
+    out = []
+    for s in steps:
+        accepted, rows = int(s.status[1]), int(s.status[3])
+        out.append((rows, accepted, s.status[4:4 + rows].tolist()))
+    return out
+
+
+def main(argv=None) -> int:
+    from specfold_compile.tasks import TASKS
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=("record", "replay"))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
+    ap.add_argument("--trace", default=None, help="replay: the record to replay")
+    ap.add_argument("--limit", type=int, default=4, help="record: test-split prompts per task")
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--tau", type=float, default=0.1, help="record: SpecFold's fold threshold")
+    ap.add_argument("--grid", action="store_true",
+                    help="record: prompts left-padded (pad token) to whole blocks, replayable by either family")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--draft-budget", type=int, default=16)
+    ap.add_argument("--models", default="fast-dllm-v2-1.5b", help="replay: comma-separated presets")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--override", default="", metavar="FIELD=INT,...",
+                    help="replay: integer config fields replacing the presets' (e.g. a tiny preset at the record's "
+                         "block size: block_size=32,sub_block_size=8,vocab_size=1040)")
+    ap.add_argument("--repeats", type=int, default=1, help="replay: timed passes, each prompt's median kept")
+    ap.add_argument("--eager-graphs", action="store_true", help="replay on the CPU: VerifyGraphs(replay='eager')")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device here")
+    args.tasks, args.modes = tuple(args.tasks.split(",")), tuple(args.modes.split(","))
+    try:
+        args.override = {k: int(v) for k, v in (kv.split("=") for kv in args.override.split(",") if kv)}
+    except ValueError:
+        ap.error(f"--override: expected FIELD=INT,..., got {args.override!r}")
+    if sorted(set(args.modes) - set(MODES)):
+        ap.error(f"--modes: expected names among {list(MODES)}, got {args.modes}")
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    default = "trace.pt" if args.command == "record" else "end_to_end_trace.json"
+    out = args.out or str(Path(os.environ.get("OUT") or ".") / default)
+    check_output(ap, out)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        if args.command == "record":
+            torch.save(record(args), out)
+            print(f"wrote {out}")
+            return 0
+        if not args.trace:
+            ap.error("replay: --trace FILE expected (made by `python -m bench.trace_driven record`)")
+        trace = torch.load(args.trace, weights_only=False)
+        args.max_new_tokens, args.draft_budget = trace["max_new_tokens"], trace["draft_budget"]
+        rows = [row for name in args.models.split(",") for row in replay(args, trace, name)]
+    write_json(Path(out), rows, {"suite": "end_to_end_trace_driven", "seconds": time.perf_counter() - t0,
+                                 "setup": {"trace": args.trace, "record_model": trace["model"], "tau": trace["tau"],
+                                           "prompts": len(trace["prompts"]), "repeats": args.repeats,
+                                           "max_new_tokens": args.max_new_tokens,
+                                           "draft_budget": args.draft_budget, "device": args.device}})
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

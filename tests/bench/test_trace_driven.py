@@ -1,0 +1,46 @@
+"""bench.trace_driven: a record of the shipped model's decode, replayed on random models of both families
+at the record's block size, makes the recorded calls (every mode) and writes the end-to-end rows."""
+import json
+
+import pytest
+import torch
+
+from bench import trace_driven
+
+KEYS = {"model", "task", "mode", "tokens_per_s", "nfe", "step_ms", "host_ms", "ttft_ms", "trace_driven", "cuda_graphs"}
+TINY_AT_RECORD_SHAPE = "block_size=32,sub_block_size=8,vocab_size=1040"
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    path = tmp_path_factory.mktemp("trace") / "trace.pt"
+    assert trace_driven.main(["record", "--device", "cpu", "--limit", "1", "--tasks", "instruct",
+                              "--max-new-tokens", "40", "--grid", "--out", str(path)]) == 0
+    return path
+
+
+def test_replay_reproduces_the_record(trace, tmp_path):
+    out = tmp_path / "rows.json"
+    assert trace_driven.main(["replay", "--device", "cpu", "--eager-graphs", "--trace", str(trace),
+                              "--models", "tiny-fast-dllm-v2,tiny-nld", "--modes", "vanilla,specfold",
+                              "--override", TINY_AT_RECORD_SHAPE, "--out", str(out)]) == 0
+    record = torch.load(trace, weights_only=False)
+    (prompt,) = record["prompts"]
+    assert prompt["prompt"].numel() % 32 == 0  # --grid: whole blocks
+    assert any(s.masks is not None and s.masks.any() for s in prompt["spiffy"]["steps"]), "the record folded nothing"
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["model"], r["mode"]) for r in rows] == [(m, mode) for m in ("tiny-fast-dllm-v2", "tiny-nld")
+                                                       for mode in ("vanilla", "specfold")]
+    for r in rows:
+        assert KEYS <= set(r) and r["trace_driven"] is True and r["trace_reproduced"] is True
+        assert r["nfe"] == prompt["spiffy" if r["mode"] == "specfold" else "vanilla"]["nfe"]
+        assert r["tokens_per_s"] > 0 and r["step_ms"] > 0
+
+
+def test_replay_errors(trace, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        trace_driven.main(["replay", "--device", "cpu", "--trace", str(trace), "--override", "block_size=x"])
+    assert exc.value.code == 2 and "--override" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="block size 16, the record's is 32"):
+        trace_driven.main(["replay", "--device", "cpu", "--trace", str(trace), "--models", "tiny-nld",
+                           "--out", str(tmp_path / "x.json")])
