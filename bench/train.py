@@ -1,12 +1,9 @@
-"""Train the shipped tiny Fast-dLLM-v2 model (GPU): ``PYTHONPATH=. python -m bench.train --out DIR --minutes 7.5
---seed 0`` (or ``python bench/train.py ...``); see ``specfold_compile/training/train.py`` for the options."""
+"""Train the shipped tiny Fast-dLLM-v2 model (GPU): ``python -m bench.train --out DIR --minutes 7.5 --seed 0``
+from the repository root (or ``specfold train``); see ``specfold_compile/training/train.py`` for the options."""
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from specfold_compile.training.train import main  # noqa: E402
+from specfold_compile.training.train import main
 
 if __name__ == "__main__":
     main(sys.argv[1:])

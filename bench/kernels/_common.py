@@ -1,7 +1,8 @@
 """Shared harness of the kernel benchmarks: shapes, timing, roofline floors, JSON output.
 
-Run from the repository root with PYTHONPATH=. ; on a machine without CUDA, TRITON_INTERPRET=1 is
-set automatically (use --quick there: interpreted kernels are slow).
+Run from the repository root, as ``python -m bench.kernels.NAME`` or ``PYTHONPATH=. python
+bench/kernels/NAME.py``; on a machine without CUDA, TRITON_INTERPRET=1 is set automatically (use
+--quick there: interpreted kernels are slow).
 """
 from __future__ import annotations
 
@@ -17,25 +18,21 @@ import torch
 if not torch.cuda.is_available():  # before triton is imported: @triton.jit reads it at decoration time
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import triton  # noqa: E402
+import triton  # noqa: E402  (after TRITON_INTERPRET, before any kernel module)
+
+from bench.common import COPY_BW as HBM_BYTES_PER_S  # noqa: E402  (one copy of the H200 ceilings)
+from bench.common import MATMUL_FLOPS as BF16_FLOPS_PER_S  # noqa: E402
+from bench.common import versions  # noqa: E402
+from specfold_compile import testing as _testing  # noqa: E402
+
+rel_err = _testing.rel_err  # the benchmarks' C.rel_err: max |out - ref| / max |ref|, optionally under a mask
 
 if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     # interpreted smoke runs: the interpreter's bf16 dot/cast are wrong without the test patch
-    _tests = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests")
-    if os.path.isdir(_tests):
-        sys.path.insert(0, _tests)
-        try:
-            import triton_interp_patch
-
-            triton_interp_patch.install()
-        except Exception as exc:  # pragma: no cover
-            print(f"warning: interpreter bf16 patch not installed: {exc!r}", file=sys.stderr)
-
-# one copy of the H200 ceilings and version info for every benchmark (bench/common.py)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from bench.common import COPY_BW as HBM_BYTES_PER_S  # noqa: E402
-from bench.common import MATMUL_FLOPS as BF16_FLOPS_PER_S  # noqa: E402
-from bench.common import versions  # noqa: E402
+    try:
+        _testing.install_interpreter_bf16_patch()
+    except Exception as exc:  # pragma: no cover
+        print(f"warning: interpreter bf16 patch not installed: {exc!r}", file=sys.stderr)
 
 MODELS = {
     # name: hidden, q heads, kv heads, head dim, ffn
@@ -106,19 +103,6 @@ def floor_ms(bytes_moved: float, flops: float) -> dict:
     t_fl = flops / BF16_FLOPS_PER_S * 1e3
     return dict(bytes=bytes_moved, flops=flops, floor_mem_ms=t_mem, floor_flop_ms=t_fl,
                 floor_ms=max(t_mem, t_fl))
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None = None) -> float:
-    """Worst relative error: max |out - ref| / max |ref| (over finite reference entries)."""
-    out = out.float()
-    ref = ref.float()
-    if mask is not None:
-        out, ref = out[mask], ref[mask]
-    fin = torch.isfinite(ref)
-    if not bool(fin.any()):
-        return 0.0
-    d = (out[fin] - ref[fin]).abs().max()
-    return float(d / ref[fin].abs().max().clamp_min(1e-30))
 
 
 def emit(name: str, rows: list, args) -> dict:

@@ -16,21 +16,19 @@ point; rows "one_pass_sweep" and "two_kernels"."""
 from __future__ import annotations
 
 import math
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as C  # noqa: E402
+from bench.kernels import _common as C  # first: sets TRITON_INTERPRET on CPU before the kernels import
 
-import torch  # noqa: E402
+import torch
 
-from specfold_compile.ops.device_profile import H200  # noqa: E402
-from specfold_compile.kernels.attention import (  # noqa: E402
+from specfold_compile.ops.device_profile import H200
+from specfold_compile.kernels.attention import (
     block_attention, branch_attention, one_pass_attention, prefix_attention,
     prefix_attention_states,
 )
-from specfold_compile.kernels.attention_launch import SPLIT_CHOICES, _one_pass_config  # noqa: E402
-from specfold_compile.kernels.attention_ref import (  # noqa: E402
+from specfold_compile.kernels.attention_launch import SPLIT_CHOICES, _one_pass_config
+from specfold_compile.kernels.attention_ref import (
     block_attention_ref, branch_attention_ref, merge_split_states, prefix_attention_ref,
 )
 

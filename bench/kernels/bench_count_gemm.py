@@ -20,15 +20,12 @@ device profile's ``packed_linear_min_block_r``), for counts from 256 (nothing sp
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_cublas_gemm import gpu_args, replay_median_ms, weight_shapes  # noqa: E402
+from bench.kernels.bench_cublas_gemm import gpu_args, replay_median_ms, weight_shapes
 
-from specfold_compile.models.config import preset  # noqa: E402
+from specfold_compile.models.config import preset
 
 POINTS = {288: (32, 64, 128, 200), 544: (32, 100, 128, 160, 200, 256, 300, 400, 544), 1056: (100, 200, 300, 600)}
 

@@ -11,15 +11,12 @@ Rows: {"model", "weight", "M", "<variant>_<library>": microseconds per GEMM, ...
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_cublas_gemm import cold_weights, gpu_args, time_pass, weight_shapes  # noqa: E402
+from bench.kernels.bench_cublas_gemm import cold_weights, gpu_args, time_pass, weight_shapes
 
-from specfold_compile.models.config import preset  # noqa: E402
+from specfold_compile.models.config import preset
 
 WEIGHTS = ("qkv", "o", "gate_up", "down")
 ROWS = (64, 96, 128, 192, 256)

@@ -2,16 +2,12 @@
 (bf16 h [N, 32, hidden]), with the bandwidth floor and the mismatch against the reference."""
 from __future__ import annotations
 
-import os
-import sys
+from bench.kernels import _common as C  # first: sets TRITON_INTERPRET on CPU before the kernels import
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as C  # noqa: E402
+import torch
 
-import torch  # noqa: E402
-
-from specfold_compile.kernels.gate import fold_gate, resolve_folds  # noqa: E402
-from specfold_compile.kernels.gate_ref import fold_gate_ref, resolve_folds_ref  # noqa: E402
+from specfold_compile.kernels.gate import fold_gate, resolve_folds
+from specfold_compile.kernels.gate_ref import fold_gate_ref, resolve_folds_ref
 
 
 def make_problem(N, B, Cdim, tau, dev, dt, gen):

@@ -12,19 +12,15 @@ runs on every row (folded rows' attention output differs from their origin's).
 """
 from __future__ import annotations
 
-import os
-import sys
+from bench.kernels import _common as C  # first: sets TRITON_INTERPRET on CPU before the kernels import
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as C  # noqa: E402  (sets TRITON_INTERPRET on CPU before the kernels import)
+import torch
 
-import torch  # noqa: E402
-
-from specfold_compile.ops import fold_ops  # noqa: E402
-from specfold_compile.backend.settings import Tuning  # noqa: E402
-from specfold_compile.ops.device_profile import H200  # noqa: E402
-from specfold_compile.kernels.packed_linear import packed_linear  # noqa: E402
-from specfold_compile.kernels.packed_linear_ref import packed_linear_ref  # noqa: E402
+from specfold_compile.ops import fold_ops
+from specfold_compile.backend.settings import Tuning
+from specfold_compile.ops.device_profile import H200
+from specfold_compile.kernels.packed_linear import packed_linear
+from specfold_compile.kernels.packed_linear_ref import packed_linear_ref
 
 
 def layers(m):

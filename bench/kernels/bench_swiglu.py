@@ -9,16 +9,12 @@ per point with the best config.
 """
 from __future__ import annotations
 
-import os
-import sys
+from bench.kernels import _common as C  # first: sets TRITON_INTERPRET on CPU before the kernels import
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as C  # noqa: E402
+import torch
 
-import torch  # noqa: E402
-
-from specfold_compile.kernels.swiglu import SILU_MUL_CONFIG, silu_mul  # noqa: E402
-from specfold_compile.kernels.swiglu_ref import silu_mul_ref  # noqa: E402
+from specfold_compile.kernels.swiglu import SILU_MUL_CONFIG, silu_mul
+from specfold_compile.kernels.swiglu_ref import silu_mul_ref
 
 
 SWEEP = [(br, bf, w) for br in (4, 8, 16, 32) for bf in (256, 512, 1024, 2048) for w in (4, 8)]

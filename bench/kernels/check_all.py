@@ -7,21 +7,19 @@ tolerance or a gate output differs from the reference.
 from __future__ import annotations
 
 import math
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common as C  # noqa: E402
+from bench.kernels import _common as C  # first: sets TRITON_INTERPRET on CPU before the kernels import
 
-import torch  # noqa: E402
+import torch
 
-from specfold_compile.ops.device_profile import H200  # noqa: E402
-from specfold_compile.kernels import (  # noqa: E402
+from specfold_compile.ops.device_profile import H200
+from specfold_compile.kernels import (
     block_attention, block_attention_ref, branch_attention, branch_attention_ref, fold_gate,
     fold_gate_ref, merge_split_states, one_pass_attention, packed_linear, packed_linear_ref, prefix_attention,
     prefix_attention_ref, prefix_attention_states, resolve_folds, resolve_folds_ref, silu_mul, silu_mul_ref,
 )
-from bench_gate import make_problem  # noqa: E402
+from bench.kernels.bench_gate import make_problem
 
 TOL = 2e-2
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from sf_helpers import ModelSpec, assert_close, capture_graph, make_cache, make_tree
+from specfold_compile.testing import ModelSpec, assert_close, capture_graph, make_cache, make_tree
 from specfold_compile.backend import (SpecFoldBackend, SpecFoldSettings, collect_stats, compile_graph, dispatch,
                                       run_passes)
 from specfold_compile.backend.settings import Tuning

@@ -7,7 +7,7 @@ import torch
 from specfold_compile.backend import SpecFoldSettings, collect_stats, run_passes
 from specfold_compile.models import build
 from specfold_compile.reference import folded_verify
-from sf_helpers import capture_graph
+from specfold_compile.testing import capture_graph
 
 
 def _rel(a, b):

@@ -5,16 +5,10 @@ import pytest
 import torch
 import torch._dynamo
 
-from sf_helpers import ModelSpec, assert_close, compile_run, make_cache, make_tree
+from specfold_compile.decoding import generate
+from specfold_compile.models.hf import from_hf
 from specfold_compile.reference import folded_verify
-
-try:
-    from specfold_compile.models.hf import from_hf
-    HF_IMPORT_ERROR = None
-except Exception as exc:  # pragma: no cover - while hf.py is being written
-    from_hf, HF_IMPORT_ERROR = None, exc
-
-needs_hf = pytest.mark.skipif(from_hf is None, reason=f"specfold_compile.models.hf cannot be imported: {HF_IMPORT_ERROR!r}")
+from specfold_compile.testing import ModelSpec, assert_close, compile_run, make_cache, make_tree
 
 
 def _tiny_hf(kind: str):
@@ -31,7 +25,6 @@ def _tiny_hf(kind: str):
     return model.eval().requires_grad_(False)
 
 
-@needs_hf
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
 def test_from_hf_folds_and_keeps_p1_p4(kind, tmp_path):
     wrapped = from_hf(_tiny_hf(kind), block_size=8)
@@ -58,14 +51,6 @@ def test_from_hf_folds_and_keeps_p1_p4(kind, tmp_path):
 
 # --- decoding ----------------------------------------------------------------------------------------
 
-try:
-    from specfold_compile.decoding import generate
-    DECODING_IMPORT_ERROR = None
-except Exception as exc:  # pragma: no cover - while decoding is being written
-    generate, DECODING_IMPORT_ERROR = None, exc
-
-
-@pytest.mark.skipif(generate is None, reason=f"specfold_compile.decoding cannot be imported: {DECODING_IMPORT_ERROR!r}")
 @pytest.mark.parametrize("family", ["fast-dllm-v2", "nld"])
 def test_specfold_tau0_decodes_spiffy_tokens(family):
     model = ModelSpec(family=family, layers=2, block=8, seed=7).build()

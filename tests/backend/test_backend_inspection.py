@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from sf_helpers import ModelSpec, make_cache, make_tree
+from specfold_compile.testing import ModelSpec, make_cache, make_tree
 from specfold_compile.backend import SpecFoldBackend, collect_stats, logs
 from specfold_compile.passes import REWRITES
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specfold_compile.backend import SpecFoldSettings, collect_stats, run_passes
-from sf_helpers import ModelSpec, assert_close, capture_graph, make_cache, make_tree
+from specfold_compile.testing import ModelSpec, assert_close, capture_graph, make_cache, make_tree
 
 
 def _masked_positions(model, tokens):

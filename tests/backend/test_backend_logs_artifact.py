@@ -5,7 +5,7 @@ import logging
 import pytest
 import torch
 
-from sf_helpers import ModelSpec, make_cache, make_tree
+from specfold_compile.testing import ModelSpec, make_cache, make_tree
 from specfold_compile.backend import SpecFoldBackend, logs
 from specfold_compile.passes import REWRITES
 

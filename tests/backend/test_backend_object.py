@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import specfold_compile
-from sf_helpers import ModelSpec, assert_close, make_cache, make_tree
+from specfold_compile.testing import ModelSpec, assert_close, make_cache, make_tree
 from specfold_compile.backend import GraphRecord, SpecFoldBackend, SpecFoldSettings, collect_stats
 
 

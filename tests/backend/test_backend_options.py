@@ -12,7 +12,7 @@ import torch._dynamo
 import torch.nn.functional as F
 from torch import nn
 
-from sf_helpers import ModelSpec, assert_close, capture_graph, compile_run, make_cache, make_tree, root_cause
+from specfold_compile.testing import ModelSpec, assert_close, capture_graph, compile_run, make_cache, make_tree, root_cause
 from specfold_compile import ops
 from specfold_compile.backend import SpecFoldError, SpecFoldSettings, collect_stats, compile_graph
 from specfold_compile.passes import REWRITES, find_regions

@@ -16,7 +16,7 @@ packed SwiGLU rounds once where eager rounds twice, and Inductor fuses on the GP
 import pytest
 import torch
 
-from sf_helpers import ModelSpec, assert_close, make_cache, make_tree
+from specfold_compile.testing import ModelSpec, assert_close, make_cache, make_tree
 from specfold_compile import loading
 from specfold_compile.backend import SpecFoldBackend, collect_stats
 from specfold_compile.decoding import generate

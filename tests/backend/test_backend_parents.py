@@ -7,7 +7,7 @@ read a row through an invalid parent, and set a device flag that ``invalid_paren
 import pytest
 import torch
 
-from sf_helpers import ModelSpec, assert_close, compile_run, make_cache, make_tree
+from specfold_compile.testing import ModelSpec, assert_close, compile_run, make_cache, make_tree
 from specfold_compile.backend import invalid_parents_seen
 
 KERNELS = [{"kernels": "torch"}, {"kernels": "triton"}, {"kernels": "triton", "gate_flags": "graph"}]

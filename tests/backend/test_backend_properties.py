@@ -9,9 +9,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sf_helpers import (ModelSpec, assert_close, check_gates_near_threshold, compile_run,
-                        expected_layer0_mask, hsettings, make_cache, make_tree, model_specs,
-                        recording_reference_gates)
+from specfold_compile.testing import (ModelSpec, assert_close, check_gates_near_threshold, compile_run,
+                                      expected_layer0_mask, hsettings, make_cache, make_tree, model_specs,
+                                      recording_reference_gates)
 from specfold_compile.reference import folded_verify
 
 SWITCHES = [{}, {"pack": False}, {"attention_correction": False}]

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from sf_helpers import ModelSpec, make_cache, make_tree
+from specfold_compile.testing import ModelSpec, make_cache, make_tree
 from specfold_compile.backend import RecompileLimitError, SpecFoldBackend, collect_stats, recompile_limit
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from sf_helpers import ModelSpec, assert_close, make_cache, make_tree
+from specfold_compile.testing import ModelSpec, assert_close, make_cache, make_tree
 from specfold_compile.backend import SpecFoldBackend, collect_stats
 from specfold_compile.ops.fold_masks import forced_fold_masks, recorded_fold_masks
 from specfold_compile.reference import folded_verify

@@ -34,9 +34,6 @@ def _counted_static_writes(model):
         torch._dynamo.reset()
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # the real tiny models: conftest.py
-
-
 def _junk_beyond_length(cache, seed):
     """Fill a static cache's unused capacity with random values: nothing may read them."""
     g = torch.Generator().manual_seed(seed)

@@ -54,7 +54,6 @@ def test_spiffy_on_the_device_accepts_drafts():
     assert saved > 0 and accepted > 0
 
 
-@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("mode", ["vanilla", "spiffy"])
 def test_tiny_families_decode_the_same(model, mode):
     """Both families (random weights), launched and on a static cache (``VerifyGraphs(replay="eager")``:
@@ -127,13 +126,8 @@ def test_compiled_bookkeeping_decodes_the_same():
 def test_specfold_tau0_on_the_device_loop(family):
     """A SpecFold-compiled model (tau 0, torch kernels) in the device loop: its multi-branch calls fold,
     and the decode is the eager Python loop's."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "backend"))
-    from sf_helpers import ModelSpec
-
     from specfold_compile.backend import collect_stats
+    from specfold_compile.testing import ModelSpec
 
     model = ModelSpec(family=family, layers=2, block=8, seed=7).build()
     prompt = torch.tensor([1, 5, 9, 2, 7, 3])
@@ -149,13 +143,8 @@ def test_specfold_tau0_on_the_device_loop(family):
 def test_specfold_mode_on_the_device_loop():
     """``mode="specfold"`` compiles the forward itself; the device loop verifies through it (its calls
     reach the backend) and, at tau 0, decodes Spiffy's tokens with Spiffy's forwards."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "backend"))
-    from sf_helpers import ModelSpec
-
     from specfold_compile.backend import collect_stats
+    from specfold_compile.testing import ModelSpec
 
     model = ModelSpec(family="fast-dllm-v2", layers=2, block=8, seed=3).build()
     prompt = torch.tensor([1, 5, 9, 2, 7, 3])

@@ -12,8 +12,6 @@ from specfold_compile.decoding import DEFAULTS, VerifyGraphs, generate, layout_p
 from specfold_compile.decoding.calibration import calibrate_cli
 from specfold_compile.models import build
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 @pytest.mark.parametrize("preset", ["tiny-fast-dllm-v2", "tiny-nld"])
 def test_the_last_block_that_fits_decodes_and_one_more_token_is_refused(preset):

@@ -25,8 +25,6 @@ import torch
 from specfold_compile.decoding import VerifyGraphs, generate
 from specfold_compile.models import build
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 LENGTHS = range(1, 101)  # every value of L mod 32, prompts of exactly 32 and 64 tokens included
 # SpecFold and the static cache on fewer prompts (their calls cost more here): every L mod 32 once (half
 # of them at each threshold), whole prompts of one, two and three blocks, tails after two and three.

@@ -8,9 +8,6 @@ from specfold_compile.decoding import calibrate, generate, load_draft_graph, rec
 PROMPTS = [[5, 6, 7, 8, 9], [20, 3, 44], [2, 90, 17, 33, 4, 61, 12]]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # the real tiny models: conftest.py
-
-
 def test_p5_real_tiny(model):
     tot_v = tot_s = 0
     for p in PROMPTS:

@@ -12,7 +12,7 @@ PROMPTS = [[2, 5, 6, 7, 9, 11, 3], list(range(3, 40)), [7]]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def fresh_dynamo(one_thread):
+def fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()

@@ -12,9 +12,8 @@ from specfold_compile.kernels import (  # noqa: E402
     block_attention_ref, branch_attention, branch_attention_ref, merge_split_states, one_pass_attention,
     prefix_attention, prefix_attention_ref, prefix_attention_states, slot_attention,
 )
-
-from .helpers import (ATT, DEVICE, DTYPES, attention_tuning, cache_view, packed_problem, randn,  # noqa: E402
-                      strided_q, tol)
+from specfold_compile.testing import (ATT, DEVICE, DTYPES, attention_tuning, cache_view,  # noqa: E402
+                                      packed_problem, randn, strided_q, tol)
 
 SETTINGS = dict(deadline=None, max_examples=25)
 GROUPS = [1, 2, 4, 7]

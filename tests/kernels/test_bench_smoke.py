@@ -1,31 +1,18 @@
 """The kernel benchmarks and check_all import and run (--quick tiny shapes) without crashing."""
+import importlib
 import json
-import os
-import sys
 
 import pytest
 
 pytest.importorskip("triton")
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BENCH = os.path.join(ROOT, "bench", "kernels")
-
-
-@pytest.fixture(scope="module")
-def bench_path():
-    sys.path.insert(0, BENCH)
-    yield
-    sys.path.remove(BENCH)
 
 
 @pytest.mark.parametrize("name, flags", [("bench_gate", ()), ("bench_attention", ()),
                                          ("bench_attention", ("--split-sweep",)), ("bench_attention", ("--one-pass-sweep",)),
                                          ("bench_packed_linear", ()),
                                          ("check_all", ())])
-def test_bench_quick(name, flags, bench_path, tmp_path):
-    import importlib
-
-    mod = importlib.import_module(name)
+def test_bench_quick(name, flags, tmp_path):
+    mod = importlib.import_module(f"bench.kernels.{name}")
     out = tmp_path / f"{name}.json"
     ret = mod.main(["--quick", *flags, "--out", str(out)])
     data = json.loads(out.read_text())

@@ -7,8 +7,7 @@ pytest.importorskip("triton")
 from specfold_compile.kernels import (fold_gate, fold_gate_from_flags, fold_gate_ref, resolve_folds,  # noqa: E402
                                      resolve_folds_ref)
 from specfold_compile.kernels.gate_ref import fold_flags_ref  # noqa: E402
-
-from .helpers import DEVICE, DTYPES, randn  # noqa: E402
+from specfold_compile.testing import DEVICE, DTYPES, randn  # noqa: E402
 
 SETTINGS = dict(deadline=None, max_examples=12)
 

@@ -1,4 +1,4 @@
-"""Under Triton's CPU interpreter without the test patch (tests/triton_interp_patch.py), bf16 kernels that
+"""Under Triton's CPU interpreter without the test patch (``specfold_compile.testing``), bf16 kernels that
 multiply or store bf16 are refused with a clear error (the interpreter would return garbage), at compile
 time too; the gate, float32, and a patched interpreter still run. In a subprocess: this process has the
 patch installed (conftest)."""
@@ -51,9 +51,8 @@ SCRIPT = textwrap.dedent("""
     except Exception as e:
         assert "options['kernels']='triton': bf16 under Triton's CPU interpreter" in str(e), str(e)
 
-    sys.path.insert(0, "tests")
-    import triton_interp_patch
-    triton_interp_patch.install()
+    from specfold_compile.testing import install_interpreter_bf16_patch
+    install_interpreter_bf16_patch()
     interpreter_bf16.interpreter_bf16_ok.cache_clear()
     assert interpreter_bf16.interpreter_bf16_ok()
     y = K.packed_linear(x.bfloat16(), w.bfloat16(), None, None, min_block_r=64)

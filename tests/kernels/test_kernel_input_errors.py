@@ -8,8 +8,7 @@ pytest.importorskip("triton")
 from specfold_compile.kernels import (  # noqa: E402
     block_attention, fold_gate, fold_gate_from_flags, packed_linear, prefix_attention_states, resolve_folds,
 )
-
-from .helpers import DEVICE  # noqa: E402
+from specfold_compile.testing import DEVICE  # noqa: E402
 
 
 def t(*shape, dtype=torch.float32):

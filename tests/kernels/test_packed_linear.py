@@ -5,8 +5,7 @@ from hypothesis import given, settings, strategies as st
 pytest.importorskip("triton")
 
 from specfold_compile.kernels import packed_linear, packed_linear_ref  # noqa: E402
-
-from .helpers import DEVICE, DTYPES, randn, tol  # noqa: E402
+from specfold_compile.testing import DEVICE, DTYPES, randn, tol  # noqa: E402
 
 
 @settings(deadline=None, max_examples=30)

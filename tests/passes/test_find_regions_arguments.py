@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sf_helpers import assert_close, capture_graph, root_cause
+from specfold_compile.testing import assert_close, capture_graph, root_cause
 from specfold_compile import ops
 from specfold_compile.backend import SpecFoldError, SpecFoldSettings, collect_stats
 from specfold_compile.passes import find_regions

@@ -9,7 +9,7 @@ from torch import nn
 from specfold_compile import ops
 from specfold_compile.backend import SpecFoldSettings, collect_stats
 from specfold_compile.passes import find_regions
-from sf_helpers import capture_graph
+from specfold_compile.testing import capture_graph
 
 VARIANTS = {
     # name: (pre-attention transform of x [N, B, C], foldable)

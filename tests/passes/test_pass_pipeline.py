@@ -13,7 +13,7 @@ import torch
 import torch._dynamo
 import torch.nn.functional as F
 
-from sf_helpers import ModelSpec, assert_close, capture_graph, make_cache, make_tree
+from specfold_compile.testing import ModelSpec, assert_close, capture_graph, make_cache, make_tree
 from specfold_compile import passes
 from specfold_compile.backend import SpecFoldSettings, collect_stats, compile_graph, run_passes
 from specfold_compile.ops import fold_ops

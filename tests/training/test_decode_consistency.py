@@ -9,11 +9,10 @@ fills whole blocks, each finished block written and its last logit seeding the n
 import pytest
 import torch
 
+from specfold_compile import models
 from specfold_compile.decoding.commit import block_finished, commit, confidence
 from specfold_compile.training.decode import vanilla_decode
 from specfold_compile.training.layout import Layout, fill_response, grid_blocks, make_batch
-
-models = pytest.importorskip("specfold_compile.models")
 
 MASK, EOS, BOS, PAD = 0, 1, 2, 3
 B, SB = 32, 8

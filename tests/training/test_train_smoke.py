@@ -6,10 +6,9 @@ import json
 
 import pytest
 
+from specfold_compile import models
 from specfold_compile.tasks import format_prompt
 from specfold_compile.training.train import main
-
-models = pytest.importorskip("specfold_compile.models")
 
 
 def test_tiny_training_run(tmp_path):
