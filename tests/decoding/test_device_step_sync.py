@@ -85,7 +85,7 @@ def _decode(model, prompt, mode, trace=None):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("family", ["tiny-fast-dllm-v2", "tiny-nld"])
 @pytest.mark.parametrize("mode", ["vanilla", "spiffy"])
-def test_a_step_reads_nothing_back(monkeypatch, one_thread, device, family, mode):
+def test_a_step_reads_nothing_back(monkeypatch, device, family, mode):
     model = build(family, seed=0, device=device)
     prompt = torch.tensor([5, 9, 33, 70, 2, 14], dtype=torch.long, device=device)
     record = StepRecorder()  # snapshots to the host inside each step, by design: run unguarded

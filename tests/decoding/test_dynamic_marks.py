@@ -20,7 +20,7 @@ def _folded_gates(model) -> int:
     return len(masks)
 
 
-def test_models_of_two_block_lengths_both_fold(one_thread):
+def test_models_of_two_block_lengths_both_fold():
     torch._dynamo.reset()
     try:
         for block, sub in ((16, 8), (32, 8), (16, 4)):

@@ -42,7 +42,7 @@ class Logged:
 
 
 @pytest.fixture(scope="module")
-def models(one_thread):
+def models():
     return build("tiny-fast-dllm-v2", seed=0), build("tiny-fast-dllm-v2", seed=1)
 
 
