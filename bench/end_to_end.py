@@ -305,7 +305,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     with torch.inference_mode():
         rows = run(args)
-    write_json(Path(out), rows, {"suite": "end_to_end_loops", "seconds": time.perf_counter() - t0,
+    write_json(Path(out), rows, {"suite": "end_to_end", "seconds": time.perf_counter() - t0,
                                  "setup": {"limit": args.limit, "repeats": args.repeats,
                                            "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
                                            "tau": args.tau, "device": args.device}})

@@ -187,7 +187,8 @@ def end_to_end_panels(rows: list[dict]) -> list[tuple[str, list[tuple[str, str, 
             title = f"projected to {r['shape']}\n({LATENCY_WORDS[r.get('latency', 'ms')]})"
             value = r["projected_tokens_per_s"]
         elif "tokens_per_s" in r:
-            title, value = r.get("kind", "measured"), r["tokens_per_s"]
+            title = r.get("kind") or (f"{r['model']}, trace-driven" if r.get("trace_driven") else f"{r['model']}, measured")
+            value = r["tokens_per_s"]
         else:
             continue
         panels.setdefault(title, []).append((r["task"], r["mode"], value))
@@ -228,9 +229,10 @@ def plot_results(path: str | Path) -> Path:
 
 
 def _point(row: dict) -> tuple:
-    """What a row measured (a re-measurement of the same point replaces it): a per_check point, or one
-    part of a breakdown row set (``part``, absent from per_check rows)."""
-    return tuple(row.get(k) for k in ("model", "prefix", "n_branches", "mode", "target_ratio", "what", "part"))
+    """What a row measured (a re-measurement of the same point replaces it): a per_check point, one part
+    of a breakdown row set (``part``, absent from per_check rows), or an end-to-end row (``task``)."""
+    return tuple(row.get(k) for k in ("model", "prefix", "n_branches", "mode", "target_ratio", "what", "part", "task",
+                                      "trace_driven"))
 
 
 def merge_results(out: str | Path, inputs: list[str | Path]) -> Path:

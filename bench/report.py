@@ -1,7 +1,8 @@
 """Render docs/benchmarks.md from the committed result files.
 
     python -m bench.report > docs/benchmarks.md
-    python -m bench.report --readme-table      # the table of README.md
+    python -m bench.report --readme-table      # README.md's per-call table
+    python -m bench.report --readme-e2e        # README.md's headline (whole decodes)
 
 Every table is computed from one JSON under ``bench/results/`` and printed with the command that
 produced that file and the hardware and versions the file records; nothing here is typed in by hand.
@@ -205,6 +206,57 @@ def render_decode_loop(data: dict) -> list[str]:
                + ", ".join(checks) + ".", ""])
 
 
+E2E_MODES = {"vanilla": "vanilla", "spiffy": "Spiffy, eager", "spiffy_compiled": "Spiffy, Inductor",
+             "specfold": "SpecFold"}
+
+
+def _e2e_ratio(data: dict, row: dict) -> str:
+    base = _one(data, model=row["model"], task=row["task"], mode="spiffy_compiled", trace_driven=row["trace_driven"])
+    return f"{row['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else ""
+
+
+def render_e2e_headline(data: dict) -> list[str]:
+    """README's table: trace-driven tokens/s per shape and task, each mode, SpecFold against Spiffy under
+    Inductor in the same loop."""
+    rows = []
+    for model in SHAPES:
+        for task in dict.fromkeys(r["task"] for r in _rows(data, model=model, trace_driven=True)):
+            by_mode = {m: _one(data, model=model, task=task, mode=m, trace_driven=True) for m in E2E_MODES}
+            if not all(by_mode.values()):
+                continue
+            sf = by_mode["specfold"]
+            rows.append([SHAPES[model], task] + [f"{by_mode[m]['tokens_per_s']:.0f}" for m in E2E_MODES]
+                        + [_e2e_ratio(data, sf), f"{100 * sf['host_ms'] / sf['step_ms']:.0f}%"])
+    return _table(["shape", "task"] + [f"{w} (tokens/s)" for w in E2E_MODES.values()]
+                  + ["SpecFold / Spiffy, Inductor", "host share of a SpecFold step"], rows)
+
+
+def render_end_to_end(data: dict) -> list[str]:
+    lines = []
+    traced = [r for r in data["rows"] if r["trace_driven"]]
+    if traced:
+        lines += ["Trace-driven at the real shapes (random bf16 weights; every call, seed, fold mask and accepted "
+                  "draft forced from the shipped model's record; trace reproduced: the replay made exactly the "
+                  "recorded calls and tokens):", ""]
+        lines += _table(["shape", "task", "mode", "tokens/s", "NFE", "step (ms)", "host (ms)", "TTFT (ms)",
+                         "/ Spiffy, Inductor", "trace reproduced"],
+                        [[SHAPES.get(r["model"], r["model"]), r["task"], E2E_MODES[r["mode"]],
+                          f"{r['tokens_per_s']:.0f}", _f(r["nfe"]), _f(r["step_ms"]), _f(r["host_ms"]),
+                          _f(r["ttft_ms"], 1), _e2e_ratio(data, r), "yes" if r["trace_reproduced"] else "NO"]
+                         for r in traced])
+        lines += [""]
+    shipped = [[r["task"], r["mode"], r.get("loop", ""), f"{r['tokens_per_s']:.0f}", _f(r["nfe"]), _f(r["step_ms"]),
+                _f(r["host_ms"]), _f(r["ttft_ms"], 1),
+                {True: "yes", False: "NO", None: "-"}[r.get("same_as_host_twin")]]
+               for r in data["rows"] if not r["trace_driven"]]
+    if shipped:
+        lines += ["The shipped model itself (its own acceptance; `bench.end_to_end`): the Python loop "
+                  "(`loop=\"host\"`) against the device loop (`*_device`), CUDA graphs on:", ""]
+        lines += _table(["task", "mode", "loop", "tokens/s", "NFE", "step (ms)", "host (ms)", "TTFT (ms)",
+                         "same tokens as the Python loop"], shipped) + [""]
+    return lines
+
+
 def render_eval(data: dict) -> list[str]:
     rows = []
     for task, modes in data["results"].items():
@@ -277,6 +329,18 @@ SECTIONS = [
             "The call as `generate` makes it (rows and parents copied from the host, the masked positions' "
             "logits, their confidences copied back), random bf16 weights, a 512-token prefix in a static "
             "cache of 768 keys, ms, median of 20 calls.", render_decode_loop),
+    Section("Whole decodes, end to end", "h200/end_to_end.json",
+            "python -m bench.trace_driven record --device cpu --limit 4 [--grid] --out TRACE.pt, then python -m "
+            "bench.trace_driven replay --trace TRACE.pt --models MODEL (one run per shape; NLD-3B replays the "
+            "--grid record); the shipped model's rows: python -m bench.end_to_end --device cuda --limit 8 "
+            "--repeats 2; merged with python -m bench.plot bench/results/h200/end_to_end.json RUN.json ...",
+            "Every forward, block write, copy and host step of a decode, CUDA graphs on, the device loop "
+            "(`generate(..., loop=\"device\")`); up to 96 new tokens, draft budget 16, tau 0.1. Trace-driven: "
+            "4 test problems a task, each timed 3 times (median) after a warm-up pass; the shipped model: 8 "
+            "a task, 2 times. Per task: tokens/s = all its problems' tokens over their wall time (prefill "
+            "included), NFE and TTFT (until the first block is committed) their means, step (a verification "
+            "step's wall time) and host (the part of it not covered by device work) means over all steps.",
+            render_end_to_end),
     Section("Accuracy next to speed on the shipped model", "eval/eval.json",
             "specfold eval --tasks math,code,instruct --modes vanilla,spiffy,specfold --tau 0.1 --limit 100 "
             "--out bench/results/eval/eval.json",
@@ -312,12 +376,16 @@ def render(results: Path = RESULTS) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv == ["--readme-table"]:  # the table README.md shows
+    if argv == ["--readme-table"]:  # the per-call table README.md shows
         data = json.loads((RESULTS / "h200" / "per_check.json").read_text())
         sys.stdout.write("\n".join(render_headline(data)) + "\n")
         return 0
+    if argv == ["--readme-e2e"]:  # README's headline: whole decodes
+        data = json.loads((RESULTS / "h200" / "end_to_end.json").read_text())
+        sys.stdout.write("\n".join(render_e2e_headline(data)) + "\n")
+        return 0
     if argv:
-        raise SystemExit("usage: python -m bench.report [--readme-table]")
+        raise SystemExit("usage: python -m bench.report [--readme-table | --readme-e2e]")
     sys.stdout.write(render())
     return 0
 

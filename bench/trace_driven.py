@@ -237,7 +237,7 @@ def main(argv=None) -> int:
         trace = torch.load(args.trace, weights_only=False)
         args.max_new_tokens, args.draft_budget = trace["max_new_tokens"], trace["draft_budget"]
         rows = [row for name in args.models.split(",") for row in replay(args, trace, name)]
-    write_json(Path(out), rows, {"suite": "end_to_end_trace_driven", "seconds": time.perf_counter() - t0,
+    write_json(Path(out), rows, {"suite": "end_to_end", "seconds": time.perf_counter() - t0,
                                  "setup": {"trace": args.trace, "record_model": trace["model"], "tau": trace["tau"],
                                            "prompts": len(trace["prompts"]), "repeats": args.repeats,
                                            "max_new_tokens": args.max_new_tokens,

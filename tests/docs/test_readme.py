@@ -39,6 +39,14 @@ def test_readme_table_is_rendered_from_the_committed_results():
     assert table in README, "regenerate: python -m bench.report --readme-table"
 
 
+def test_readme_headline_is_rendered_from_the_committed_results():
+    data = json.loads((report.RESULTS / "h200" / "end_to_end.json").read_text())
+    table = "\n".join(report.render_e2e_headline(data))
+    assert table.count("\n") > 2, "no trace-driven rows in end_to_end.json"
+    assert table in README, "regenerate: python -m bench.report --readme-e2e"
+    assert all(r["trace_reproduced"] for r in data["rows"] if r["trace_driven"])
+
+
 def test_readme_test_command_is_the_one_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text()
     command = re.search(r"^TRITON_INTERPRET=1 OMP_NUM_THREADS=1 (python -m pytest .*)$", README, flags=re.M)
