@@ -125,19 +125,18 @@ class Engine:
         """Queue a request (``prompt_ids``: 1-D int64 token ids); returns its id. A request that cannot run
         (a bad prompt or parameter, or more cache positions than ``max_tokens_per_request``) is refused here
         with a one-line error naming the argument, and nothing else changes."""
+        params = RequestParams() if params is None else params
+        decode = RequestDecode(-1, prompt_ids, params, self.model, self.mode, self.graph, self.confidence_dtype)
+        if decode.cache_positions > self.pool.capacity:
+            raise ValueError(f"prompt_ids: a prompt of {prompt_ids.numel()} tokens with max_new_tokens="
+                             f"{params.max_new_tokens} needs {decode.cache_positions} cache positions, beyond "
+                             f"max_tokens_per_request={self.pool.capacity}")
         if len(self._waiting) + len(self._running) >= self.pool.max_requests + (
                 float("inf") if self.max_waiting is None else self.max_waiting):
             raise PoolExhausted(f"pool exhausted: all max_requests={self.pool.max_requests} slots hold a request "
                                 f"and max_waiting={self.max_waiting} requests wait; step until some finish, or "
                                 "abort some")
-        params = RequestParams() if params is None else params
-        request_id = next(self._ids)
-        decode = RequestDecode(request_id, prompt_ids, params, self.model, self.mode, self.graph,
-                               self.confidence_dtype)
-        if decode.cache_positions > self.pool.capacity:
-            raise ValueError(f"prompt_ids: a prompt of {prompt_ids.numel()} tokens with max_new_tokens="
-                             f"{params.max_new_tokens} needs {decode.cache_positions} cache positions, beyond "
-                             f"max_tokens_per_request={self.pool.capacity}")
+        decode.request_id = request_id = next(self._ids)
         self._waiting.append(decode)
         self._outputs[request_id] = RequestOutput(request_id, "waiting")
         return request_id

@@ -93,3 +93,32 @@ def test_single_prompt_generate_unchanged(model):
     ref = generate_one(model, prompt, mode="spiffy", max_new_tokens=30, draft_budget=4)
     assert type(one) is type(ref)
     _same(one, ref)
+
+
+@settings(max_examples=8, **HSET)
+@given(family=st.sampled_from(FAMILIES), mode=st.sampled_from(["vanilla", "spiffy"]), seed=st.integers(0, 999),
+       requests=st.lists(st.tuples(st.integers(1, 40), st.none() | st.integers(0, 12)), min_size=2, max_size=5))
+def test_aborts_change_no_other_request(family, mode, seed, requests):
+    """Requests aborted at random steps free their slots; the others decode their tokens alone, and an
+    aborted request's streamed blocks are the start of its tokens alone."""
+    model = tiny_model(family)
+    prompts = _prompts(model, [r[0] for r in requests], seed)
+    params = RequestParams(max_new_tokens=40, draft_budget=4, stop_at_eos=False)
+    engine = Engine(model, max_requests=3, max_tokens_per_request=96, mode=mode)
+    ids = [engine.add_request(p, params) for p in prompts]
+    step = 0
+    while engine.has_work:
+        for request_id, (_, abort_at) in zip(ids, requests):
+            if abort_at == step:
+                engine.abort(request_id)
+        engine.step()
+        step += 1
+    assert engine.pool.free_slots == 3
+    for prompt, request_id, (_, abort_at) in zip(prompts, ids, requests):
+        out = engine.output(request_id)
+        alone = generate_one(model, prompt, mode=mode, max_new_tokens=40, draft_budget=4, stop_at_eos=False)
+        if out.status == "finished":
+            _same(out.result, alone)
+        else:
+            assert out.status == "aborted" and abort_at is not None and out.result is None
+            assert out.tokens == alone.tokens[:len(out.tokens)] and len(out.tokens) < len(alone.tokens)

@@ -162,9 +162,12 @@ def test_pool_exhausted(model):
     with pytest.raises(PoolExhausted, match="pool exhausted: all max_requests=2 slots hold a request and "
                                             "max_waiting=1 requests wait"):
         engine.add_request(_prompt(6), SHORT)
+    with pytest.raises(ValueError, match="prompt_ids: ids must lie"):  # a bad request's own error first
+        engine.add_request(torch.tensor([999]), SHORT)
+    assert engine.num_waiting == 3
     list(engine.run())
     assert engine.pool.free_slots == 2
-    engine.add_request(_prompt(6), SHORT)  # room again
+    assert engine.add_request(_prompt(6), SHORT) == 3  # room again; refused requests took no id
 
 
 def test_pool_sized_by_the_user():
