@@ -42,7 +42,8 @@ STATUSES = ("waiting", "running", "finished", "failed", "aborted")
 class BlockOutput:
     """One finished block of one request, as ``step`` hands it out. ``index``: the request's block number
     (0-based); ``finished``: the request's last output (then ``status`` says how it ended). A request
-    that fails before its first block gives one output with no tokens and ``error`` set."""
+    that fails gives one last output with no tokens, ``index`` the block it was decoding and ``error``
+    set."""
 
     request_id: int
     index: int
@@ -196,7 +197,7 @@ class Engine:
         self._admit(events)
         ready = [d for d in self._running if not d.block_done()]
         if ready:
-            self._verify(ready)
+            self._verify(ready, events)
         self._settle(events)
         return events
 
@@ -215,16 +216,23 @@ class Engine:
                 else:
                     decode.start_block(None)
             except Exception as exc:  # this request fails alone; the others run on
-                self.pool.free(decode.slot)
-                decode.slot = None
-                out = self._outputs[decode.request_id]
-                out.status, out.error = "failed", f"{type(exc).__name__}: {exc}"
-                events.append(BlockOutput(decode.request_id, 0, [], True, "failed", out.error))
+                self._fail(decode, exc, events)
                 continue
             self._running.append(decode)
             self._outputs[decode.request_id].status = "running"
 
-    def _verify(self, ready: list[RequestDecode]) -> None:
+    def _fail(self, decode: RequestDecode, exc: Exception, events: list[BlockOutput]) -> None:
+        """End ``decode`` as failed (its slot freed, the error in its output and in one last ``BlockOutput``)."""
+        if decode in self._running:
+            self._running.remove(decode)
+        self.pool.free(decode.slot)
+        decode.slot = None
+        out = self._outputs[decode.request_id]
+        out.status, out.error = "failed", f"{type(exc).__name__}: {exc}"
+        events.append(BlockOutput(decode.request_id, decode.blocks - 1 if decode.blocks else 0, [], True, "failed",
+                                  out.error))
+
+    def _verify(self, ready: list[RequestDecode], events: list[BlockOutput]) -> None:
         rows = [d.rows() for d in ready]
         positions = [d.logit_positions(r) for d, r in zip(ready, rows)]
         logits = verify_batch(self.model, self.pool, [d.slot for d in ready], [r.to(self.device) for r in rows],
@@ -235,7 +243,10 @@ class Engine:
         conf, tok = conf.cpu(), tok.cpu()
         at = 0
         for d, p in zip(ready, positions):
-            d.accept(conf[at:at + p.numel()], tok[at:at + p.numel()])
+            try:  # the commit rule and the drafts' walk on this request's rows alone
+                d.accept(conf[at:at + p.numel()], tok[at:at + p.numel()])
+            except Exception as exc:  # e.g. no progress on non-finite logits: this request fails alone
+                self._fail(d, exc, events)
             at += p.numel()
         self.stats.verify_calls += 1
         self.stats.verify_rows += sum(int(r.shape[0]) for r in rows)

@@ -155,6 +155,30 @@ def test_a_request_failing_while_it_runs_fails_alone(model, monkeypatch):
     assert engine.pool.free_slots == 3
 
 
+def test_a_request_failing_mid_decode_fails_alone(model):
+    """A request whose commit step raises after a few calls ends as failed in that step; the requests
+    verified in the same forward decode their tokens."""
+    engine = Engine(model, max_requests=3, max_tokens_per_request=128, mode="spiffy")
+    ok = [engine.add_request(_prompt(10, 11), LONG), engine.add_request(_prompt(21, 12), LONG)]
+    bad = engine.add_request(_prompt(5, 13), LONG)
+    for _ in range(3):
+        engine.step()
+    (decode,) = [d for d in engine._running if d.request_id == bad]
+
+    def broken(conf, tok):
+        raise RuntimeError("decoding made no progress (non-finite logits?)")
+
+    decode.accept = broken
+    outputs = engine.step()
+    assert [o.status for o in outputs if o.request_id == bad] == ["failed"]
+    assert engine.output(bad).error == "RuntimeError: decoding made no progress (non-finite logits?)"
+    assert engine.pool.free_slots == 1 and engine.num_running == 2
+    list(engine.run())
+    for rid, (n, seed) in zip(ok, [(10, 11), (21, 12)]):
+        ref = generate_one(model, _prompt(n, seed), mode="spiffy", max_new_tokens=64, stop_at_eos=False)
+        assert engine.output(rid).result.tokens == ref.tokens
+
+
 def test_pool_exhausted(model):
     engine = Engine(model, max_requests=2, max_tokens_per_request=64, max_waiting=1)
     for n in (3, 4, 5):
