@@ -5,6 +5,6 @@ __version__ = "0.1.0"
 
 from .backend import SpecFoldBackend  # noqa: E402
 from .ops.stats import collect_stats  # noqa: E402
-from .decoding import generate  # noqa: E402
+from .serving import Engine, RequestParams, generate  # noqa: E402  (one prompt: decoding.generate)
 
-__all__ = ["generate", "SpecFoldBackend", "collect_stats", "__version__"]
+__all__ = ["generate", "Engine", "RequestParams", "SpecFoldBackend", "collect_stats", "__version__"]

@@ -1,0 +1,280 @@
+"""The serving engine: continuous batching of block-diffusion decodes over one model and one KV pool.
+
+``Engine(model, max_requests, max_tokens_per_request, mode)`` keeps a queue of waiting requests and a set
+of running ones, each running request in its own pool slot. One ``step()``:
+
+1. admits waiting requests while slots are free (each one's prompt prefilled alone into its slot);
+2. runs ONE verification forward over the rows (main and, under Spiffy, drafts) of every running request
+   whose block still has masks (``forward.verify_batch``), and applies each request's commit rule and
+   acceptance walk to its own rows' confidences;
+3. hands out every block that is now finished (``step``'s return value, ``BlockOutput``), lets the
+   requests that are done leave (their slot freed at once), and writes the other finished blocks to
+   their slots in one batched pass (``forward.write_blocks``); their next block starts.
+
+Requests join whenever a slot is free (their first block starts at their own block boundary) and leave
+as soon as they are done, so a long request never holds up a short one. Each request decodes the tokens,
+draft acceptances and forwards of ``generate`` on that request alone (``request.RequestDecode``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from ..decoding import DEFAULTS, GenerateResult, default_draft_graph, load_draft_graph
+from ..decoding.commit import confidence
+from ..decoding.defaults import CONFIDENCE_DTYPES
+from .forward import check_serving_model, verify_batch, write_blocks
+from .pool import KVPool, PoolExhausted
+from .request import RequestDecode, RequestParams
+
+__all__ = ["Engine", "BlockOutput", "RequestOutput", "EngineStats", "SERVING_MODES"]
+
+SERVING_MODES = ("vanilla", "spiffy")
+STATUSES = ("waiting", "running", "finished", "failed", "aborted")
+
+
+@dataclass(frozen=True)
+class BlockOutput:
+    """One finished block of one request, as ``step`` hands it out. ``index``: the request's block number
+    (0-based); ``finished``: the request's last output (then ``status`` says how it ended). A request
+    that fails gives one last output with no tokens, ``index`` the block it was decoding and ``error``
+    set."""
+
+    request_id: int
+    index: int
+    tokens: list[int]
+    finished: bool
+    status: str = "running"
+    error: str | None = None
+
+
+@dataclass
+class RequestOutput:
+    """A request's record: ``status`` (one of ``STATUSES``), its finished blocks so far, and once finished
+    ``result`` (a ``decoding.GenerateResult``, as ``generate`` on that request alone returns it) or
+    ``error`` (failed)."""
+
+    request_id: int
+    status: str
+    blocks: list[list[int]] = field(default_factory=list)
+    result: GenerateResult | None = None
+    error: str | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for block in self.blocks for t in block]
+
+
+@dataclass
+class EngineStats:
+    """What the engine ran: verification forwards (and the rows and requests they covered), batched block
+    writes, prefills."""
+
+    verify_calls: int = 0
+    verify_rows: int = 0
+    verify_requests: int = 0
+    write_calls: int = 0
+    written_blocks: int = 0
+    prefills: int = 0
+
+
+class Engine:
+    """Continuous batching over ``model`` (a ``BlockDiffusionLM``): module docstring.
+
+    ``max_requests``: pool slots (requests running at once); ``max_tokens_per_request``: prefix positions
+    a slot holds (a request needs its prompt plus every block but its last: ``add_request`` refuses one
+    that does not fit). ``mode``: ``"vanilla"`` or ``"spiffy"`` (with ``draft_graph``: a path, dict or
+    ``DraftGraph``, None the default graph); ``"specfold"`` is not batched yet. ``confidence_dtype``: as in
+    ``generate``. ``max_waiting``: how many requests may queue for a slot (None: any number);
+    ``add_request`` raises ``PoolExhausted`` beyond it."""
+
+    def __init__(self, model, max_requests: int = 8, max_tokens_per_request: int = 1024, mode: str = "vanilla",
+                 draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None):
+        check_serving_model(model)
+        if mode == "specfold":
+            raise ValueError("mode: 'specfold' (the compiled forward) is not batched yet; the engine decodes "
+                             "'vanilla' or 'spiffy' (docs/serving.md)")
+        if not isinstance(mode, str) or mode not in SERVING_MODES:
+            raise ValueError(f"mode: expected one of {SERVING_MODES}, got {mode!r}")
+        if not isinstance(confidence_dtype, str) or confidence_dtype not in CONFIDENCE_DTYPES:
+            raise ValueError(f"confidence_dtype: expected one of {CONFIDENCE_DTYPES}, got {confidence_dtype!r}")
+        if max_waiting is not None and (isinstance(max_waiting, bool) or not isinstance(max_waiting, int)
+                                        or max_waiting < 0):
+            raise ValueError(f"max_waiting: expected None or an int >= 0, got {max_waiting!r}")
+        block = int(model.config.block_size)
+        self.graph = None
+        if mode != "vanilla":
+            self.graph = load_draft_graph(default_draft_graph(block) if draft_graph is None else draft_graph, block)
+        elif draft_graph is not None:
+            load_draft_graph(draft_graph, block)  # still reject a malformed graph
+        self.model, self.mode, self.confidence_dtype, self.max_waiting = model, mode, confidence_dtype, max_waiting
+        self.pool = KVPool(model, max_requests, max_tokens_per_request)
+        self.device = model.embed_tokens.weight.device
+        self.stats = EngineStats()
+        self._ids = itertools.count()
+        self._waiting: deque[RequestDecode] = deque()
+        self._running: list[RequestDecode] = []
+        self._outputs: dict[int, RequestOutput] = {}
+
+    # --- requests ---------------------------------------------------------------------------------
+    def add_request(self, prompt_ids: torch.Tensor, params: RequestParams | None = None) -> int:
+        """Queue a request (``prompt_ids``: 1-D int64 token ids); returns its id. A request that cannot run
+        (a bad prompt or parameter, or more cache positions than ``max_tokens_per_request``) is refused here
+        with a one-line error naming the argument, and nothing else changes."""
+        params = RequestParams() if params is None else params
+        decode = RequestDecode(-1, prompt_ids, params, self.model, self.mode, self.graph, self.confidence_dtype)
+        if decode.cache_positions > self.pool.capacity:
+            raise ValueError(f"prompt_ids: a prompt of {prompt_ids.numel()} tokens with max_new_tokens="
+                             f"{params.max_new_tokens} needs {decode.cache_positions} cache positions, beyond "
+                             f"max_tokens_per_request={self.pool.capacity}")
+        if len(self._waiting) + len(self._running) >= self.pool.max_requests + (
+                float("inf") if self.max_waiting is None else self.max_waiting):
+            raise PoolExhausted(f"pool exhausted: all max_requests={self.pool.max_requests} slots hold a request "
+                                f"and max_waiting={self.max_waiting} requests wait; step until some finish, or "
+                                "abort some")
+        decode.request_id = request_id = next(self._ids)
+        self._waiting.append(decode)
+        self._outputs[request_id] = RequestOutput(request_id, "waiting")
+        return request_id
+
+    def abort(self, request_id: int) -> bool:
+        """Stop a waiting or running request (its slot freed at once); False if it had already ended."""
+        out = self._output(request_id)
+        if out.status not in ("waiting", "running"):
+            return False
+        for queue in (self._waiting, self._running):
+            for decode in list(queue):
+                if decode.request_id == request_id:
+                    queue.remove(decode)
+                    if decode.slot is not None:
+                        self.pool.free(decode.slot)
+        out.status = "aborted"
+        return True
+
+    def output(self, request_id: int) -> RequestOutput:
+        """The record of a request: its status, blocks so far and, once finished, its result."""
+        return self._output(request_id)
+
+    def pop(self, request_id: int) -> RequestOutput:
+        """The record of a request that has ended, forgotten by the engine."""
+        out = self._output(request_id)
+        if out.status in ("waiting", "running"):
+            raise ValueError(f"request_id: request {request_id} is still {out.status}; abort it first")
+        return self._outputs.pop(request_id)
+
+    def _output(self, request_id: int) -> RequestOutput:
+        if request_id not in self._outputs:
+            raise ValueError(f"request_id: no request {request_id!r} in this engine")
+        return self._outputs[request_id]
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    # --- stepping ---------------------------------------------------------------------------------
+    def run(self) -> Iterator[BlockOutput]:
+        """Step until no request waits or runs, yielding every finished block as it comes."""
+        while self.has_work:
+            yield from self.step()
+
+    @torch.inference_mode()
+    def step(self) -> list[BlockOutput]:
+        """One engine step (module docstring); returns the blocks it finished, in request order."""
+        events: list[BlockOutput] = []
+        self._admit(events)
+        ready = [d for d in self._running if not d.block_done()]
+        if ready:
+            self._verify(ready, events)
+        self._settle(events)
+        return events
+
+    def _admit(self, events: list[BlockOutput]) -> None:
+        while self._waiting and self.pool.free_slots:
+            decode = self._waiting.popleft()
+            decode.slot = self.pool.allocate()
+            decode.begin()
+            try:
+                prefill_ids = decode.layout.prefill_ids.to(self.device)
+                if prefill_ids.numel():
+                    cache = self.model.prefill(prefill_ids, block_causal=decode.layout.block_causal)
+                    self.pool.load(decode.slot, cache.keys, cache.values)
+                    self.stats.prefills += 1
+                    decode.start_block(cache.next_logits)
+                else:
+                    decode.start_block(None)
+            except Exception as exc:  # this request fails alone; the others run on
+                self._fail(decode, exc, events)
+                continue
+            self._running.append(decode)
+            self._outputs[decode.request_id].status = "running"
+
+    def _fail(self, decode: RequestDecode, exc: Exception, events: list[BlockOutput]) -> None:
+        """End ``decode`` as failed (its slot freed, the error in its output and in one last ``BlockOutput``)."""
+        if decode in self._running:
+            self._running.remove(decode)
+        self.pool.free(decode.slot)
+        decode.slot = None
+        out = self._outputs[decode.request_id]
+        out.status, out.error = "failed", f"{type(exc).__name__}: {exc}"
+        events.append(BlockOutput(decode.request_id, decode.blocks - 1 if decode.blocks else 0, [], True, "failed",
+                                  out.error))
+
+    def _verify(self, ready: list[RequestDecode], events: list[BlockOutput]) -> None:
+        rows = [d.rows() for d in ready]
+        positions = [d.logit_positions(r) for d, r in zip(ready, rows)]
+        logits = verify_batch(self.model, self.pool, [d.slot for d in ready], [r.to(self.device) for r in rows],
+                              [p.to(self.device) for p in positions])
+        rules = self.model.config.decoding_rules
+        conf, tok = confidence(torch.cat(logits), int(self.model.config.mask_token_id), self.confidence_dtype,
+                               rules.argmax_of_probs)
+        conf, tok = conf.cpu(), tok.cpu()
+        at = 0
+        for d, p in zip(ready, positions):
+            try:  # the commit rule and the drafts' walk on this request's rows alone
+                d.accept(conf[at:at + p.numel()], tok[at:at + p.numel()])
+            except Exception as exc:  # e.g. no progress on non-finite logits: this request fails alone
+                self._fail(d, exc, events)
+            at += p.numel()
+        self.stats.verify_calls += 1
+        self.stats.verify_rows += sum(int(r.shape[0]) for r in rows)
+        self.stats.verify_requests += len(ready)
+
+    def _settle(self, events: list[BlockOutput]) -> None:
+        """Hand out finished blocks, retire done requests, write the others' blocks (batched); repeated
+        while a freshly opened block is already finished (a seed that ends the request's tokens)."""
+        while True:
+            to_write = []
+            for d in [d for d in self._running if d.block_done()]:
+                tokens = d.end_block()
+                out = self._outputs[d.request_id]
+                out.blocks.append(tokens)
+                if d.done:
+                    self._running.remove(d)
+                    self.pool.free(d.slot)
+                    d.slot = None
+                    out.status, out.result = "finished", d.result()
+                else:
+                    to_write.append(d)
+                events.append(BlockOutput(d.request_id, d.blocks - 1, tokens, d.done, out.status))
+            if not to_write:
+                return
+            next_logits = write_blocks(self.model, self.pool, [d.slot for d in to_write],
+                                       [d.state.to(self.device) for d in to_write])
+            self.stats.write_calls += 1
+            self.stats.written_blocks += len(to_write)
+            for d, logits in zip(to_write, next_logits):
+                d.nfe += 1
+                d.start_block(logits)

@@ -1,0 +1,89 @@
+"""The batched passes equal each request's batch-1 pass: the verification forward's final hidden states
+and the block writes' K/V bit for bit, the logits to the LM head's rounding, on both families, for random
+prefixes and branch counts (the head's rows: ``forward``'s docstring)."""
+import contextlib
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import FAMILIES, tiny_model
+from specfold_compile.serving.forward import verify_batch, write_blocks
+from specfold_compile.serving.pool import KVPool
+
+HSET = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _prefilled(model, pool, lengths, gen):
+    caches, slots = [], []
+    vocab = model.config.vocab_size
+    for length in lengths:
+        prompt = torch.randint(0, vocab, (length,), generator=gen)
+        cache = model.prefill(prompt) if length else model.empty_cache()
+        slot = pool.allocate()
+        pool.load(slot, cache.keys, cache.values)
+        caches.append(cache)
+        slots.append(slot)
+    return caches, slots
+
+
+@contextlib.contextmanager
+def _identity_head(model):
+    """The model's LM head replaced by the identity: both forwards then return the final norm's rows."""
+    model.head = lambda h: h
+    try:
+        yield
+    finally:
+        del model.head
+
+
+@settings(max_examples=12, **HSET)
+@given(family=st.sampled_from(FAMILIES), seed=st.integers(0, 2**16),
+       lengths=st.lists(st.integers(0, 40), min_size=1, max_size=4),
+       counts=st.lists(st.integers(1, 5), min_size=4, max_size=4))
+def test_verify_batch_is_each_request_alone(family, seed, lengths, counts):
+    model = tiny_model(family)
+    block, mask = model.config.block_size, model.config.mask_token_id
+    gen = torch.Generator().manual_seed(seed)
+    pool = KVPool(model, 4, 64)
+    with torch.inference_mode():
+        caches, slots = _prefilled(model, pool, lengths, gen)
+        rows, positions = [], []
+        for n in counts[:len(lengths)]:
+            r = torch.randint(0, model.config.vocab_size, (n, block), generator=gen)
+            r[torch.rand(n, block, generator=gen) < 0.5] = mask
+            rows.append(r)
+            positions.append((r == mask).flatten().nonzero().flatten())
+        for head in (False, True):
+            with contextlib.nullcontext() if head else _identity_head(model):
+                batched = verify_batch(model, pool, slots, rows, positions)
+                for r, p, cache, got in zip(rows, positions, caches, batched):
+                    parents = torch.tensor([-1] + [0] * (r.shape[0] - 1))
+                    alone = model(r, parents, cache, logit_positions=p)
+                    if head:
+                        torch.testing.assert_close(got, alone, rtol=1e-6, atol=1e-5)
+                        assert torch.equal(got.argmax(-1), alone.argmax(-1))
+                    else:  # the final hidden states: bit for bit
+                        assert got.shape == (p.numel(), model.config.hidden_size) and torch.equal(got, alone)
+
+
+@settings(max_examples=12, **HSET)
+@given(family=st.sampled_from(FAMILIES), seed=st.integers(0, 2**16),
+       lengths=st.lists(st.integers(0, 40), min_size=1, max_size=3), writes=st.integers(1, 2))
+def test_write_blocks_is_each_request_alone(family, seed, lengths, writes):
+    model = tiny_model(family)
+    gen = torch.Generator().manual_seed(seed)
+    pool = KVPool(model, 3, 40 + 2 * model.config.block_size)
+    with torch.inference_mode():
+        caches, slots = _prefilled(model, pool, lengths, gen)
+        for _ in range(writes):
+            blocks = [torch.randint(0, model.config.vocab_size, (model.config.block_size,), generator=gen)
+                      for _ in slots]
+            next_logits = write_blocks(model, pool, slots, blocks)
+            for i, (slot, block) in enumerate(zip(slots, blocks)):
+                caches[i] = model.write_block(caches[i], block)
+                torch.testing.assert_close(next_logits[i], caches[i].next_logits, rtol=1e-6, atol=1e-5)
+                assert pool.lengths[slot] == caches[i].length
+                for layer in range(model.config.num_layers):
+                    k, v = pool.prefix(slot, layer)
+                    assert torch.equal(k, caches[i].keys[layer]) and torch.equal(v, caches[i].values[layer])
