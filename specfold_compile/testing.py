@@ -173,6 +173,20 @@ def hsettings(n: int):
                                            HealthCheck.data_too_large])
 
 
+TINY_FAMILIES = ("tiny-fast-dllm-v2", "tiny-nld")
+_TINY_MODELS: dict = {}
+
+
+def tiny_model(name: str):
+    """One seeded tiny model of preset ``name`` for the whole run, shared (hypothesis tests cannot take
+    function-scoped fixtures); tests must not change it."""
+    from .models import build
+
+    if name not in _TINY_MODELS:
+        _TINY_MODELS[name] = build(name, seed=0)
+    return _TINY_MODELS[name]
+
+
 def make_cache(model, prompt_len: int = 7, seed: int = 0):
     """The model's cache after prefilling a random prompt of ``prompt_len`` tokens."""
     g = torch.Generator().manual_seed(seed)

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specfold_compile
-from conftest import FAMILIES, tiny_model
+from specfold_compile.testing import TINY_FAMILIES as FAMILIES, tiny_model
 from specfold_compile.decoding import generate as generate_one
 from specfold_compile.serving import Engine, RequestParams
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import specfold_compile
-from conftest import tiny_model
+from specfold_compile.testing import tiny_model
 from specfold_compile.decoding import generate as generate_one
 from specfold_compile.serving import Engine, PoolExhausted, RequestParams
 

@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import FAMILIES, tiny_model
+from specfold_compile.testing import TINY_FAMILIES as FAMILIES, tiny_model
 from specfold_compile.serving.forward import verify_batch, write_blocks
 from specfold_compile.serving.pool import KVPool
 

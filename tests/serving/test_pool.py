@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import tiny_model
+from specfold_compile.testing import tiny_model
 from specfold_compile.serving import KVPool, PoolExhausted
 
 
