@@ -4,9 +4,9 @@ and one block write for several requests, each request reading its own slot of t
 Both run the model's own modules (``BlockDiffusionLM``: ``embed_tokens``, each ``DecoderLayer``'s
 ``qkv`` / ``attn_out`` / ``mlp_out``, ``norm``, ``head``, ``position_tables``) and weights:
 
-* every position-wise part (embedding, norms, q/k/v and output projections, RoPE, MLP, final norm, LM
-  head) runs once over the rows of all requests concatenated, ``[R, B, C]`` with ``R`` the sum of the
-  requests' branch counts;
+* every position-wise part (embedding, norms, q/k/v and output projections, RoPE, MLP, final norm) runs
+  once over the rows of all requests concatenated, ``[R, B, C]`` with ``R`` the sum of the requests'
+  branch counts; the LM head runs per request (below);
 * attention, the only part that mixes positions, runs once per request on that request's rows against
   its own prefix (views of its pool slot), through the same op and the same shapes as the request's
   batch-1 forward (``ops.branch_attention`` for verification, ``scaled_dot_product_attention`` for
@@ -14,12 +14,10 @@ Both run the model's own modules (``BlockDiffusionLM``: ``embed_tokens``, each `
 * RoPE tables are made per request (its block's positions) and concatenated along the rows.
 
 A request's rows therefore get the logits of ``model(tokens, parents, cache)`` on that request alone, up
-to the GEMMs' rounding where the row count changes the kernel the BLAS picks. On the CPU (float32) every
-hidden state is bit for bit the batch-1 one (the decoder layers' GEMMs have at least ``B`` rows, where
-the rows do not change each other's rounding); the LM head, whose row count is the number of masked
-positions, may round differently in the last bits when a request alone has fewer than 4 of them (the
-BLAS's small-matrix path). The tests check the hidden states bit for bit and the decoded tokens equal,
-request for request, on both families.
+to the GEMMs' rounding where the row count changes the kernel the BLAS picks. On the CPU (float32) they
+are bit for bit the batch-1 logits: the decoder layers' GEMMs have at least ``B`` rows, where the rows do
+not change each other's rounding, and the LM head (whose row count, the request's masked positions, can
+be 1-3, where the BLAS takes another path) runs per request. The tests check it on both families.
 """
 
 from __future__ import annotations
@@ -87,8 +85,10 @@ def verify_batch(model, pool: KVPool, slots: list[int], rows: list[Tensor],
         h = h + layer.attn_out(torch.cat(outs))
         h = h + layer.mlp_out(h)
     flat = torch.cat([p.to(device) + bounds[i] * block for i, p in enumerate(logit_positions)])
-    logits = model.head(model.norm(h.flatten(0, 1).index_select(0, model.logit_rows(flat, block))))
-    return list(logits.split([int(p.numel()) for p in logit_positions]))
+    normed = model.norm(h.flatten(0, 1).index_select(0, model.logit_rows(flat, block)))
+    # the LM head per request: its row count is the request's own (the BLAS rounds a GEMM of 1-3 rows
+    # unlike a larger one), so each request's logits are its batch-1 logits bit for bit on the CPU
+    return [model.head(part) for part in normed.split([int(p.numel()) for p in logit_positions])]
 
 
 def write_blocks(model, pool: KVPool, slots: list[int], blocks: list[Tensor]) -> list[Tensor]:
@@ -124,4 +124,5 @@ def write_blocks(model, pool: KVPool, slots: list[int], blocks: list[Tensor]) ->
         h = h + layer.mlp_out(h)
     for slot in slots:
         pool.advance(slot, s)
-    return list(model.head(model.norm(h[:, -1])))
+    last = model.norm(h[:, -1])
+    return [model.head(last[i:i + 1])[0] for i in range(len(slots))]  # per request, as verify_batch
