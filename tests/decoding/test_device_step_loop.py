@@ -155,3 +155,33 @@ def test_specfold_mode_on_the_device_loop():
                           loop="device", **kwargs)
     assert device.tokens == host.tokens and device.nfe == host.nfe and calls(device) == calls(host)
     assert stats.calls > 0
+
+
+@settings(max_examples=4, **HSET)
+@given(seed=st.integers(0, 10**6), share=st.sampled_from([0.3, 0.8]))
+def test_forced_fold_masks_on_the_device_loop(seed, share):
+    """With the same fold masks forced on every gate (P4: they fix each folded call's output), the device
+    loop decodes the Python loop's tokens through a SpecFold-compiled model at tau > 0, and the masks fold."""
+    from specfold_compile.ops.fold_masks import forced_fold_masks, recorded_fold_masks
+    from specfold_compile.testing import ModelSpec, gates_per_call
+
+    model = ModelSpec(family="fast-dllm-v2", layers=2, block=8, seed=7).build()
+    prompt = torch.tensor([1, 5, 9, 2, 7, 3])
+    kwargs = dict(mode="spiffy", max_new_tokens=16, draft_budget=6, stop_at_eos=False, threshold=0.3)
+    options = {"tau": 0.5, "kernels": "torch"}
+    gen = torch.Generator().manual_seed(seed)
+    masks = torch.rand(gates_per_call(model, options), 7, 8, generator=gen) < share
+    compiled = torch.compile(model, backend="specfold", options=options)
+    with forced_fold_masks(masks), recorded_fold_masks() as seen:
+        host = generate(compiled, prompt, **kwargs)
+        device = generate(compiled, prompt, loop="device", **kwargs)
+    assert device.tokens == host.tokens and device.nfe == host.nfe and calls(device) == calls(host)
+    assert seen and all(torch.equal(m, masks[g, :m.shape[0]] & _foldable(m)) for g, m in seen)
+    assert any(m.any() for _, m in seen)
+
+
+def _foldable(mask):
+    """Row 0 never folds (the main branch); the drafts' rows may."""
+    keep = torch.ones_like(mask)
+    keep[0] = False
+    return keep
