@@ -145,6 +145,25 @@ class _Scoring:
         return commit(state, conf, tok, self.mask_id, self.sub_block_size, self.threshold, self.inclusive)
 
 
+def commit_and_accept(scoring: _Scoring, X: torch.Tensor, rows: torch.Tensor, conf: torch.Tensor,
+                      tok: torch.Tensor, fin) -> tuple[torch.Tensor, int, int]:
+    """One call's outcome: the commit rule on the main row, then Spiffy's acceptance walk (while the block
+    is not finished, the committed state equal to a draft row is accepted and committed from that row's
+    confidences). Returns the new state, the accepted drafts and the row whose logits produced it."""
+    cur, accepted = 0, 0
+    Y = scoring.commit(X, conf[0], tok[0])
+    if rows.shape[0] > 1:
+        row_of = {tuple(r): i for i, r in enumerate(rows.tolist()) if i > 0}
+        while not fin(Y):
+            r = row_of.pop(tuple(Y.tolist()), None)
+            if r is None:
+                break
+            accepted += 1
+            cur = r
+            Y = scoring.commit(Y, conf[r], tok[r])
+    return Y, accepted, cur
+
+
 def _verify(model: VerifyForward | DecodingModel, rows: torch.Tensor, parents: list[int], cache, mask_id: int,
             all_logits: bool, graphs: VerifyGraphs | None = None, scoring: _Scoring | None = None,
             device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,18 +271,7 @@ def _decode(model: DecodingModel, prompt_ids, mode, max_new_tokens, threshold, d
                 tb["states"].append(X.tolist())
                 tb["conf"].append(conf[0].tolist())
                 tb["argmax"].append(tok[0].tolist())
-            cur = 0
-            Y = scoring.commit(X, conf[0], tok[0])
-            accepted = 0
-            if rows.shape[0] > 1:
-                row_of = {tuple(r): i for i, r in enumerate(rows.tolist()) if i > 0}
-                while not fin(Y):
-                    r = row_of.pop(tuple(Y.tolist()), None)
-                    if r is None:
-                        break
-                    accepted += 1
-                    cur = r
-                    Y = scoring.commit(Y, conf[r], tok[r])
+            Y, accepted, cur = commit_and_accept(scoring, X, rows, conf, tok, fin)
             steps.append(StepStats(branches=rows.shape[0], accepted=accepted, parents=parents, rows=rows))
             if torch.equal(X, Y):  # cannot happen: every step commits >= 1 non-mask token
                 raise RuntimeError("decoding made no progress (non-finite logits?)")

@@ -20,7 +20,7 @@ import torch
 
 from ..decoding import DEFAULTS, GenerateResult, StepStats, build_drafts, layout_prompt
 from ..decoding.commit import block_finished, confidence
-from ..decoding.decoder import _Scoring, _validate
+from ..decoding.decoder import _Scoring, _validate, commit_and_accept
 
 __all__ = ["RequestParams", "RequestDecode"]
 
@@ -128,17 +128,7 @@ class RequestDecode:
         conf[masked], tok[masked] = conf_masked, tok_masked
         conf, tok = conf.view(rows.shape), tok.view(rows.shape)
         self.nfe += 1
-        cur, accepted = 0, 0
-        state = self.scoring.commit(self.state, conf[0], tok[0])
-        if rows.shape[0] > 1:
-            row_of = {tuple(r): i for i, r in enumerate(rows.tolist()) if i > 0}
-            while not self._finished(state):
-                r = row_of.pop(tuple(state.tolist()), None)
-                if r is None:
-                    break
-                accepted += 1
-                cur = r
-                state = self.scoring.commit(state, conf[r], tok[r])
+        state, accepted, cur = commit_and_accept(self.scoring, self.state, rows, conf, tok, self._finished)
         self.steps.append(StepStats(branches=rows.shape[0], accepted=accepted, parents=parents, rows=rows))
         if torch.equal(self.state, state):  # cannot happen: every step commits >= 1 non-mask token
             raise RuntimeError("decoding made no progress (non-finite logits?)")
