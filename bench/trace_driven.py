@@ -38,16 +38,18 @@ from pathlib import Path
 import torch
 
 from bench.common import check_output, write_json
-from bench.end_to_end import _Clock, _row, _timed_run
+from bench.end_to_end import _Clock, _row, _targets, _timed_run
 
 MODES = ("vanilla", "spiffy", "spiffy_compiled", "specfold")
 RECORDED = {"vanilla": "vanilla", "spiffy": "spiffy", "spiffy_compiled": "spiffy", "specfold": "spiffy"}
 
 
 def _decode(model, prompt, mode, args, graph, forward=None, trace=None, graphs=None):
+    from specfold_compile.decoding.defaults import DEFAULTS
     from specfold_compile.decoding.device_loop import decode_on_device
 
-    return decode_on_device(model, prompt, mode, args.max_new_tokens, 0.9, args.draft_budget if mode != "vanilla" else 0,
+    return decode_on_device(model, prompt, mode, args.max_new_tokens, DEFAULTS.threshold,
+                            args.draft_budget if mode != "vanilla" else 0,
                             graph if mode != "vanilla" else None, True, graphs=graphs, forward=forward, trace=trace)
 
 
@@ -100,20 +102,6 @@ def token_map(trace: dict, cfg) -> torch.Tensor:
     return table
 
 
-def _targets(model, modes, tau: float, device: str) -> dict:
-    from specfold_compile.backend import SpecFoldBackend
-
-    out = {}
-    for mode in modes:
-        if mode in ("vanilla", "spiffy"):
-            out[mode] = model
-        elif mode == "spiffy_compiled":
-            out[mode] = torch.compile(model, dynamic=True)
-        else:
-            out[mode] = torch.compile(model, backend=SpecFoldBackend(tau=tau, kernels="auto" if device == "cuda" else "torch"))
-    return out
-
-
 def replay(args, trace: dict, name: str) -> list[dict]:
     """Every mode's replay of ``trace`` on a random bf16 model of preset ``name``."""
     from specfold_compile.decoding import VerifyGraphs
@@ -136,7 +124,7 @@ def replay(args, trace: dict, name: str) -> list[dict]:
     # the record's draft graph: each step builds its drafts (then replaced by the record's) as the record did
     graph = load_draft_graph(str(DEFAULT_MODEL_DIR / "draft_graph.json"), cfg.block_size)
     prompts = trace["prompts"]
-    targets = _targets(model, args.modes, trace["tau"], args.device)
+    targets = _targets(model, args.modes, args.device, trace["tau"])  # one compiled model per backend
     rows, clock = [], _Clock(cuda)
     for mode in args.modes:
         kind = RECORDED[mode]
@@ -182,11 +170,11 @@ def replay(args, trace: dict, name: str) -> list[dict]:
 
 def _recorded_calls(steps) -> list[tuple[int, int, list[int]]]:
     """(rows, accepted, parents) of every recorded step, as ``GenerateResult.steps`` holds them."""
-    out = []
-    for s in steps:
-        accepted, rows = int(s.status[1]), int(s.status[3])
-        out.append((rows, accepted, s.status[4:4 + rows].tolist()))
-    return out
+    from specfold_compile.decoding.device_step import STATUS_FIELDS
+
+    accepted, rows, parents = STATUS_FIELDS.index("accepted"), STATUS_FIELDS.index("rows"), len(STATUS_FIELDS)
+    return [(int(s.status[rows]), int(s.status[accepted]), s.status[parents:parents + int(s.status[rows])].tolist())
+            for s in steps]
 
 
 def main(argv=None) -> int:

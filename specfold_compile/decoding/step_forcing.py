@@ -71,9 +71,9 @@ class StepRecorder:
 
 class StepForcing:
     """``steps`` forced, in order, on a ``DeviceDecoder``'s steps, and ``seeds`` on the blocks' seeds (both
-as ``StepRecorder`` keeps them; a record of several decodes is their lists concatenated, each decode
-started with ``seek``). ``token_map`` ([V_recorded] int64): the
-    recorded token ids in the replaying model's vocabulary (mask and eos included). ``gates``: the
+    as ``StepRecorder`` keeps them; a record of several decodes is their lists concatenated, each decode
+    started with ``seek``). ``token_map`` ([V_recorded] int64): the recorded token ids in the replaying
+    model's vocabulary (mask and eos included). ``gates``: the
     replaying model's gate count; gate ``g`` gets the recorded mask of gate ``g * G_recorded // gates``.
     ``fold_masks`` is the buffer to pass to ``ops.fold_masks.forced_fold_masks``; ``index`` the next
     step's position in ``steps`` (on the device, advanced by each step)."""
