@@ -331,7 +331,7 @@ SECTIONS = [
             "cache of 768 keys, ms, median of 20 calls.", render_decode_loop),
     Section("Whole decodes, end to end", "h200/end_to_end.json",
             "python -m bench.trace_driven record --device cpu --limit 4 [--grid] --out TRACE.pt, then python -m "
-            "bench.trace_driven replay --trace TRACE.pt --models MODEL (one run per shape; NLD-3B replays the "
+            "bench.trace_driven replay --trace TRACE.pt --models MODEL --repeats 3 (one run per shape; NLD-3B replays the "
             "--grid record); the shipped model's rows: python -m bench.end_to_end --device cuda --limit 8 "
             "--repeats 2; merged with python -m bench.plot bench/results/h200/end_to_end.json RUN.json ...",
             "Every forward, block write, copy and host step of a decode, CUDA graphs on, the device loop "
