@@ -58,10 +58,20 @@ def logit_rows_bucket(m: int, rows: int) -> int:
 @dataclass
 class _Graph:
     tokens: Tensor           # [N, B] int64, the call's input buffers
-    parents: Tensor | None   # [N] (None: a block write)
+    parents: Tensor | None   # [N] (a block write: the next block's state [B] it verifies, or None)
     positions: Tensor | None  # [M padded] or None (every position's logits)
     logits: Tensor           # the output buffer the replay writes
     replay: object           # () -> None
+
+
+def _copy_outputs(out, new) -> None:
+    """``new`` into ``out``: a tensor, or a tuple of tensors and Nones (a write's logits)."""
+    if isinstance(out, Tensor):
+        out.copy_(new)
+        return
+    for o, n in zip(out, new):
+        if o is not None:
+            o.copy_(n)
 
 
 class VerifyGraphs:
@@ -103,7 +113,7 @@ class VerifyGraphs:
         self.graphs: dict[tuple[int, int | None, int], _Graph] = {}  # (N, padded M, window)
         self.captures = 0                   # verification calls: shapes captured, calls replayed
         self.replays = 0
-        # (block length, causal, compiled, window)
+        # (block length, causal, compiled, window, next block verified with it)
         self.write_graphs: dict[tuple[int, bool, bool, int], _Graph] = {}
         self.write_captures = 0             # block writes (write_block)
         self.write_replays = 0
@@ -184,39 +194,49 @@ class VerifyGraphs:
             graph.positions[:m].copy_(positions)
             graph.positions[m:].copy_(positions[-1:].expand(graph.positions.shape[0] - m))
 
-    def write_block(self, cache, block_tokens: Tensor, compiled: bool = False):
+    def write_block(self, cache, block_tokens: Tensor, compiled: bool = False, next_block: Tensor | None = None):
         """``model.write_block`` on the attached static cache through its window, replayed from a CUDA
-        graph (one per block length, ``compiled`` and window, captured on first use;
-        ``model.append_block_static``: the block's K/V written in place, no prefix copy), or launched
-        when ``capture_writes`` is False. The checks run on the host first; ``cache.next_logits`` is a
-        copy out of the pool. Returns ``cache``."""
+        graph (one per block length, ``compiled``, window and whether ``next_block`` is verified with
+        it, captured on first use; ``model.append_block_static``: the block's K/V written in place, no
+        prefix copy), or launched when ``capture_writes`` is False. The checks run on the host first;
+        ``cache.next_logits`` (and ``next_block_logits``) are copies out of the pool. Returns ``cache``."""
         if cache is not self.cache:
             raise ValueError("cache: expected the static cache returned by attach")
         p, s, causal = self.model.check_block(cache, block_tokens, None, compiled)
-        window, view = self.window(p + s)  # the block's keys are written after the prefix's
+        fused = next_block is not None
+        end = p + s + (int(next_block.shape[0]) if fused else 0)
+        self.model.check_next_block(next_block, p + s, cache.capacity - 1)  # a window never holds the spare key
+        window, view = self.window(end)  # the block's keys are written after the prefix's (and the next's)
         if not self.capture_writes:
             mark_dynamic_keys(view)  # one compiled write for every window
-            self.model.write_block(view, block_tokens, causal, compiled)
-            cache.next_logits, cache.static_length = view.next_logits, p + s
+            self.model.write_block(view, block_tokens, causal, compiled, next_block=next_block)
+            cache.next_logits, cache.next_block_logits = view.next_logits, view.next_block_logits
+            cache.static_length = p + s
             return cache
-        key = (s, causal, compiled, window)
+        key = (s, causal, compiled, fused, window)
         graph = self.write_graphs.get(key)
         if graph is None:
             append = self.model.compiled_method("append_block_static") if compiled else self.model.append_block_static
-            tokens = block_tokens.clone()  # the graph's input buffer
+            tokens = block_tokens.clone()  # the graph's input buffers
+            nxt = next_block.clone() if fused else None
             mark_dynamic_keys(view)
 
             def call():
-                return append(view.keys, view.values, cache.device_length, tokens, causal)
+                return append(view.keys, view.values, cache.device_length, tokens, causal, nxt)
 
             logits, replay = self._record(call, tokens.device, restore=cache.device_length)
-            graph = self.write_graphs[key] = _Graph(tokens, None, None, logits, replay)
+            graph = self.write_graphs[key] = _Graph(tokens, nxt, None, logits, replay)
             self.write_captures += 1
         else:
             graph.tokens.copy_(block_tokens)
+            if fused:
+                graph.parents.copy_(next_block)  # a write graph's second input: the next block's state
             graph.replay()
             self.write_replays += 1
-        cache.next_logits = graph.logits.clone()  # the next replay of any graph may reuse the pool's memory
+        # the next replay of any graph may reuse the pool's memory: copies
+        next_logits, block_logits = graph.logits
+        cache.next_logits = next_logits.clone()
+        cache.next_block_logits = None if block_logits is None else block_logits.clone()
         cache.static_length = p + s
         return cache
 
@@ -243,7 +263,7 @@ class VerifyGraphs:
         back between the two."""
         if self.replay == "eager":
             out = call()
-            return out, lambda: out.copy_(call())
+            return out, lambda: _copy_outputs(out, call())
         restore = () if restore is None else (restore,) if isinstance(restore, Tensor) else tuple(restore)
         saved = [t.clone() for t in restore]
         side = torch.cuda.Stream(device=device)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import boundaries
 from .commit import block_finished, commit, confidence
 from .cuda_graphs import VerifyGraphs
 from .defaults import CONFIDENCE_DTYPES, DEFAULTS
@@ -41,12 +42,14 @@ MODES = ("vanilla", "spiffy", "specfold")
 
 @dataclass
 class StepStats:
-    """One verification (``model(...)``) call."""
+    """One verification step: a ``model(...)`` call, or (``fused``) a block's first state verified by the
+    pass that wrote the prefix before it (``generate(fuse_boundaries=True)``)."""
 
     branches: int                  # rows N of the call (1 = main only)
     accepted: int                  # draft rows accepted after the call
     parents: list[int]             # the parents vector passed to the model (parents[0] = -1)
     rows: torch.Tensor | None = None  # CPU int64 [N, B] tokens of the call (for benchmark replay)
+    fused: bool = False            # verified by the pass that wrote the prefix before it (no call of its own)
 
 
 @dataclass
@@ -166,13 +169,14 @@ def commit_and_accept(scoring: _Scoring, X: torch.Tensor, rows: torch.Tensor, co
 
 def _verify(model: VerifyForward | DecodingModel, rows: torch.Tensor, parents: list[int], cache, mask_id: int,
             all_logits: bool, graphs: VerifyGraphs | None = None, scoring: _Scoring | None = None,
-            device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            device: torch.device | None = None, seed_slots: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One verification call -> per-position ``(conf, tok)`` [N, B] on the CPU. Unless ``all_logits``, the
     model computes the logits of the masked positions only; the other positions get conf 0 and the mask
     token, which nothing reads (commits and drafts only look at masked positions). ``graphs``: the call
     is a CUDA graph replay (``VerifyGraphs``). ``scoring``: the decode's (None: ``generate``'s default
     confidences, read from ``model.config``: a ``DecodingModel`` then); ``device``: the model's (None: the
-    cache keys')."""
+    cache keys'). ``seed_slots``: position 0 of every row too (under the Fast-dLLM shift, the prediction
+    of the next block's first token: ``fuse_boundaries``' guess of the seed)."""
     if scoring is None:
         rules = model.config.decoding_rules
         scoring = _Scoring(mask_id, None, DEFAULTS.threshold, DEFAULTS.confidence_dtype, rules.argmax_of_probs,
@@ -187,7 +191,10 @@ def _verify(model: VerifyForward | DecodingModel, rows: torch.Tensor, parents: l
             logits = model(tokens, parent_ids, cache)
         conf, tok = scoring.confidence(logits)
         return conf.cpu(), tok.cpu()
-    masked = (rows == mask_id).flatten().nonzero().flatten()
+    wanted = rows == mask_id
+    if seed_slots:
+        wanted[:, 0] = True
+    masked = wanted.flatten().nonzero().flatten()
     positions = masked.to(device)
     try:
         if graphs is not None:
@@ -213,8 +220,8 @@ def _verify(model: VerifyForward | DecodingModel, rows: torch.Tensor, parents: l
 
 def _decode(model: DecodingModel, prompt_ids, mode, max_new_tokens, threshold, draft_budget, graph, stop_at_eos,
             trace=None, compile_writes=False, all_logits=False, graphs: VerifyGraphs | None = None,
-            confidence_dtype: str = DEFAULTS.confidence_dtype, forward: VerifyForward | None = None
-            ) -> GenerateResult:
+            confidence_dtype: str = DEFAULTS.confidence_dtype, forward: VerifyForward | None = None,
+            fuse_boundaries: bool = False) -> GenerateResult:
     """The decode loop; ``forward``: the verification call (None: ``model`` itself)."""
     forward = model if forward is None else forward
     B, sb, mask_id, eos_id = _model_consts(model)
@@ -226,11 +233,12 @@ def _decode(model: DecodingModel, prompt_ids, mode, max_new_tokens, threshold, d
     spiffy = mode != "vanilla" and draft_budget > 0 and graph is not None and len(graph) > 0
     writes = {"compiled": True} if compile_writes else {}  # other models' prefill need not take it
     device = prompt_ids.device
+    guessing = fuse_boundaries and bool(model.config.shift_logits)  # each call also predicts the next seed
     t0 = time.perf_counter()
-    prefill = dict(writes, block_causal=True) if layout.block_causal else writes
-    cache = model.prefill(layout.prefill_ids, **prefill)
-    if graphs is not None:  # a static cache with room for every block this call may write
-        cache = graphs.attach(cache, layout.last_block_start(max_new_tokens))
+    # verified: (state, logits [B, V]) of the next block's first state, from the pass before it
+    cache, verified = boundaries.prefill(model, layout, writes, fuse_boundaries, B, mask_id, device)
+    if graphs is not None:  # a static cache with room for every block this call may write (and verify)
+        cache = graphs.attach(cache, layout.last_block_start(max_new_tokens) + (B if fuse_boundaries else 0))
         captures0, replays0 = graphs.captures, graphs.replays
     nfe = 1 if layout.prefill_ids.numel() else 0
     out: list[int] = []
@@ -241,10 +249,7 @@ def _decode(model: DecodingModel, prompt_ids, mode, max_new_tokens, threshold, d
         nblocks += 1
         start = len(head)  # the block's generated positions: [start, start + need)
         need = min(B - start, max_new_tokens - len(out))
-        X = torch.full((B,), mask_id, dtype=torch.long)
-        X[:start] = torch.tensor(head, dtype=torch.long)
-        if not head:  # the seed: the prefill's or the last block write's next-token logits
-            X[0] = int(confidence(cache.next_logits, mask_id)[1])
+        X = boundaries.first_state(head, cache, B, mask_id)
         head = []
 
         def fin(st, need=need, start=start):
@@ -255,24 +260,31 @@ def _decode(model: DecodingModel, prompt_ids, mode, max_new_tokens, threshold, d
         if trace is not None:
             tb = {"states": [], "conf": [], "argmax": []}
             trace.append(tb)
+        verified = boundaries.confirmed(verified, X)
         while not fin(X):
-            if spiffy and prev is not None:
-                d = build_drafts(X, prev[0], prev[1], graph, mask_id, sb, draft_budget, fin)
-                rows = torch.stack([X] + d.states)
-                parents = [-1] + d.parents
+            fused = verified is not None
+            if fused:  # the first call's logits came with the pass that wrote the prefix
+                rows, parents = X.unsqueeze(0), [-1]
+                conf, tok = (t.cpu() for t in scoring.confidence(verified[1][None]))
+                verified = None
             else:
-                rows = X.unsqueeze(0)
-                parents = [-1]
-            # traces record every position's confidence: all logits there
-            conf, tok = _verify(forward, rows, parents, cache, mask_id, all_logits or tb is not None, graphs, scoring,
-                                device)
-            nfe += 1
+                if spiffy and prev is not None:
+                    d = build_drafts(X, prev[0], prev[1], graph, mask_id, sb, draft_budget, fin)
+                    rows = torch.stack([X] + d.states)
+                    parents = [-1] + d.parents
+                else:
+                    rows = X.unsqueeze(0)
+                    parents = [-1]
+                # traces record every position's confidence: all logits there
+                conf, tok = _verify(forward, rows, parents, cache, mask_id, all_logits or tb is not None, graphs,
+                                    scoring, device, seed_slots=guessing)
+                nfe += 1
             if tb is not None:
                 tb["states"].append(X.tolist())
                 tb["conf"].append(conf[0].tolist())
                 tb["argmax"].append(tok[0].tolist())
             Y, accepted, cur = commit_and_accept(scoring, X, rows, conf, tok, fin)
-            steps.append(StepStats(branches=rows.shape[0], accepted=accepted, parents=parents, rows=rows))
+            steps.append(StepStats(branches=rows.shape[0], accepted=accepted, parents=parents, rows=rows, fused=fused))
             if torch.equal(X, Y):  # cannot happen: every step commits >= 1 non-mask token
                 raise RuntimeError("decoding made no progress (non-finite logits?)")
             X = Y
@@ -287,10 +299,11 @@ def _decode(model: DecodingModel, prompt_ids, mode, max_new_tokens, threshold, d
         out.extend(blk)
         if stop or len(out) >= max_new_tokens:
             break
-        if graphs is not None:  # replayed, or launched in place (capture_writes=False)
-            cache = graphs.write_block(cache, X.to(device), compile_writes)
-        else:
-            cache = model.write_block(cache, X.to(device), **writes)
+        nxt = None
+        if guessing:
+            nxt = boundaries.seed_guess(model, prev is not None, int(prev[1][0]) if prev is not None else mask_id,
+                                        mask_id, min(B, max_new_tokens - len(out)), eos, B)
+        cache, verified = boundaries.write(model, cache, X, graphs, compile_writes, nxt, device)
         nfe += 1
     wall = time.perf_counter() - t0
     result = GenerateResult(tokens=out, nfe=nfe, wall_time_s=wall, steps=steps, mode=mode, blocks=nblocks)
@@ -305,7 +318,8 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
              stop_at_eos: bool = True, compile_writes: bool = False, all_logits: bool = False,
              cuda_graphs: bool | VerifyGraphs = False,
              confidence_dtype: str = DEFAULTS.confidence_dtype, tau: float | None = None,
-             specfold_options: dict | None = None, loop: str = "host") -> GenerateResult:
+             specfold_options: dict | None = None, loop: str = "host",
+             fuse_boundaries: bool = DEFAULTS.fuse_boundaries) -> GenerateResult:
     """Greedy block-diffusion decoding of ``prompt_ids`` (1-D int64). Defaults: ``decoding.DEFAULTS``.
 
     ``mode="vanilla"``: one forward per denoising step. ``mode="spiffy"``: each forward also verifies up
@@ -363,11 +377,23 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
     in Python; ``"device"`` runs it as tensor ops on the model's device (``device_loop``: with
     ``cuda_graphs`` each step, forward and bookkeeping, is one CUDA graph replay), the same tokens and
     forwards.
+
+    ``fuse_boundaries``: verify a block's first state in the pass that writes the prefix before it
+    instead of a call of its own, one forward fewer per block boundary, the same tokens (P5). After the
+    prompt's prefill when the first state needs no seed (Fast-dLLM v2 with ``L mod B != 0``: the prompt's
+    tail opens the block), exactly. After a block write with the seed guessed: under the Fast-dLLM shift
+    every call predicts the token after the block (position 0's logits), the write verifies the next
+    block opened with that guess, and its logits are used only when the write's own seed equals the
+    guess (else the block's first call runs as usual). A family without the shift (NLD) has no such
+    prediction: its writes stay separate. ``steps`` keeps such a step, ``fused`` set; ``nfe`` counts
+    the one pass.
     """
     if loop not in ("host", "device"):
         raise ValueError(f"loop: expected 'host' or 'device', got {loop!r}")
     _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes, all_logits,
               confidence_dtype)
+    if not isinstance(fuse_boundaries, bool):
+        raise TypeError(f"fuse_boundaries: expected a bool, got {type(fuse_boundaries).__name__}")
     forward = verification_forward(model, mode, tau, specfold_options)
     if isinstance(cuda_graphs, VerifyGraphs):
         # the same module compiled otherwise (or eager) is another target
@@ -394,10 +420,11 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
             from .device_loop import decode_on_device  # it builds on this module
 
             return decode_on_device(model, prompt_ids, mode, max_new_tokens, float(threshold), draft_budget, graph,
-                                    stop_at_eos, compile_writes, graphs, confidence_dtype, forward=forward)
+                                    stop_at_eos, compile_writes, graphs, confidence_dtype, forward=forward,
+                                    fuse_boundaries=fuse_boundaries)
         return _decode(model, prompt_ids, mode, max_new_tokens, float(threshold), draft_budget, graph,
                        stop_at_eos, compile_writes=compile_writes, all_logits=all_logits, graphs=graphs,
-                       confidence_dtype=confidence_dtype, forward=forward)
+                       confidence_dtype=confidence_dtype, forward=forward, fuse_boundaries=fuse_boundaries)
 
 
 def record_traces(model: DecodingModel, prompts, max_new_tokens: int = DEFAULTS.max_new_tokens,

@@ -16,12 +16,15 @@ class DecodingDefaults:
     """``max_new_tokens``: generated tokens per prompt. ``draft_budget``: Spiffy's drafts per call (at 8
     the shipped model accepted no draft on some tasks). ``threshold``: the commit rule's confidence
     threshold (both families' model cards: 0.9). ``confidence_dtype``: ``"model"``, so that a bf16 or fp16
-    checkpoint commits where its reference ``generate`` does (``generate``'s docstring)."""
+    checkpoint commits where its reference ``generate`` does (``generate``'s docstring).
+    ``fuse_boundaries``: a block's first state verified by the pass that writes the prefix before it
+    (``generate``'s docstring); off: every step its own call, as the references decode."""
 
     max_new_tokens: int = 128
     draft_budget: int = 16
     threshold: float = 0.9
     confidence_dtype: str = "model"
+    fuse_boundaries: bool = False
 
 
 DEFAULTS = DecodingDefaults()

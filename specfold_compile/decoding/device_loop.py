@@ -30,6 +30,7 @@ import torch
 from ..models.checks import loop_built_rows
 from .commit import block_finished, confidence
 from .cuda_graphs import VerifyGraphs
+from . import boundaries
 from .decoder import GenerateResult, StepStats, _model_consts
 from .device_step import STATUS_FIELDS, DraftTables, StepRules, step_from_confidences
 from .dynamic import mark_dynamic_shapes
@@ -124,6 +125,40 @@ class DeviceDecoder:
             self.trace.before()
         with loop_built_rows():  # valid by construction: no data check, no read-back
             logits = self.model(rows, parents, cache)
+        return self._settle(logits, n)
+
+    def first_step(self, logits: torch.Tensor) -> list[int]:
+        """The block's first step (N = 1, the state ``load_block`` put in the buffers) on the logits [B, V]
+        of the pass that wrote the prefix before it (``fuse_boundaries``): its bookkeeping only, replayed
+        from a CUDA graph of its own with ``graphs`` (the logits copied into the graph's input), else run
+        at once; returns the status word as ``step`` does."""
+        if self.graphs is None:
+            return self._settle_first(logits)[:_STATUS + 1].tolist()
+        replay = self.captured.get("first")
+        if replay is None:
+            self._first_logits = logits.clone()  # the graph's input buffer
+            forced_index = getattr(self.trace, "index", None)
+            restore = (self.buffers.flat,) + ((forced_index,) if forced_index is not None else ())
+            _, replay = self.graphs._record(lambda: self._settle_first(self._first_logits), logits.device,
+                                            restore=restore)
+            self.captured["first"] = replay
+            self.captures += 1
+        else:
+            self._first_logits.copy_(logits)
+            replay()
+            self.replays += 1
+        return self.buffers.status[:_STATUS + 1].tolist()
+
+    def _settle_first(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.trace is not None:
+            self.trace.before()
+        return self._settle(logits[None], 1)
+
+    def _settle(self, logits: torch.Tensor, n: int) -> torch.Tensor:
+        """A call's bookkeeping on its logits [n, B, V]: the next call's rows, parents and the status in
+        the buffers."""
+        buf = self.buffers
+        rows, parents = buf.rows[:n], buf.parents[:n]
         rules = self.rules
         conf, tok = confidence(logits, rules.mask_id, rules.confidence_dtype, rules.argmax_of_probs)
         next_rows, next_parents, next_n, status = self._bookkeeping(conf, tok, rows, parents, buf.n_rows[0], buf.info,
@@ -172,11 +207,13 @@ class DeviceDecoder:
 def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, graph, stop_at_eos,
                      compile_writes=False, graphs: VerifyGraphs | None = None,
                      confidence_dtype: str = "model", compile_step: bool | None = None,
-                     forward=None, trace=None) -> GenerateResult:
+                     forward=None, trace=None, fuse_boundaries: bool = False) -> GenerateResult:
     """``decoder._decode``'s loop with ``DeviceDecoder`` steps (arguments validated by ``generate``;
     ``compile_step``: ``DeviceDecoder``'s; ``forward``: the verification call, None: ``model`` itself).
     ``trace``: a ``step_forcing.StepRecorder`` (records every step's outcome and every seed) or
-    ``StepForcing`` (replays a record), for trace-driven benchmarks."""
+    ``StepForcing`` (replays a record), for trace-driven benchmarks. ``fuse_boundaries``: as in
+    ``generate``; the guess of a seed is the last step's status word's ``seed_guess``, and the fused
+    pass's first step runs its bookkeeping launched (``DeviceDecoder.first_step``)."""
     B, sb, mask_id, eos_id = _model_consts(model)
     fam = model.config.decoding_rules
     layout = layout_prompt(prompt_ids, B, fam.prompt_on_block_grid)
@@ -190,10 +227,12 @@ def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_b
                                        graphs, compile_step, trace)
     captures0, replays0 = decoder.captures, decoder.replays
     writes = {"compiled": True} if compile_writes else {}
+    guessing = fuse_boundaries and bool(model.config.shift_logits)
     t0 = time.perf_counter()
-    cache = model.prefill(layout.prefill_ids, **(dict(writes, block_causal=True) if layout.block_causal else writes))
+    # verified: (state, logits [B, V]) of the next block's first state, from the pass before it
+    cache, verified = boundaries.prefill(model, layout, writes, fuse_boundaries, B, mask_id, device)
     if graphs is not None:
-        cache = graphs.attach(cache, layout.last_block_start(max_new_tokens))
+        cache = graphs.attach(cache, layout.last_block_start(max_new_tokens) + (B if fuse_boundaries else 0))
     nfe = 1 if layout.prefill_ids.numel() else 0
     out: list[int] = []
     steps: list[StepStats] = []
@@ -202,21 +241,26 @@ def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_b
         nblocks += 1
         start = len(head)
         need = min(B - start, max_new_tokens - len(out))
-        x = torch.full((B,), mask_id, dtype=torch.long)
-        x[:start] = torch.tensor(head, dtype=torch.long)
-        if not head:  # the seed, read on the host as the Python loop reads it
-            x[0] = int(confidence(cache.next_logits, mask_id)[1])
-            if trace is not None:
-                x[0] = trace.seed(int(x[0]))
+        x = boundaries.first_state(head, cache, B, mask_id)  # the seed read on the host as the Python loop does
+        if not head and trace is not None:
+            x[0] = trace.seed(int(x[0]))
         head = []
+        verified = boundaries.confirmed(verified, x)
+        guess = None
         if not block_finished(x, mask_id, need, eos, start):
             decoder.buffers.load_block(x, start, need)
             n = 1
             while True:
-                status = decoder.step(n, cache)
-                nfe += 1
-                done, accepted, stalled, rows = status[:_STATUS]
-                steps.append(StepStats(branches=rows, accepted=accepted, parents=status[_STATUS:_STATUS + rows]))
+                fused = verified is not None
+                if fused:
+                    status = decoder.first_step(verified[1])
+                    verified = None
+                else:
+                    status = decoder.step(n, cache)
+                    nfe += 1
+                done, accepted, stalled, rows, guess = status[:_STATUS]
+                steps.append(StepStats(branches=rows, accepted=accepted, parents=status[_STATUS:_STATUS + rows],
+                                       fused=fused))
                 if stalled:
                     raise RuntimeError("decoding made no progress (non-finite logits?)")
                 if done:
@@ -230,10 +274,11 @@ def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_b
         out.extend(blk)
         if stop or len(out) >= max_new_tokens:
             break
-        if graphs is not None:
-            cache = graphs.write_block(cache, x.to(device), compile_writes)
-        else:
-            cache = model.write_block(cache, x.to(device), **writes)
+        nxt = None
+        if guessing:
+            nxt = boundaries.seed_guess(model, guess is not None, mask_id if guess is None else guess, mask_id,
+                                        min(B, max_new_tokens - len(out)), eos, B)
+        cache, verified = boundaries.write(model, cache, x, graphs, compile_writes, nxt, device)
         nfe += 1
     result = GenerateResult(tokens=out, nfe=nfe, wall_time_s=time.perf_counter() - t0, steps=steps, mode=mode,
                             blocks=nblocks)

@@ -37,8 +37,10 @@ __all__ = ["StepRules", "DraftTables", "finished", "commit_rule", "rank_of_posit
            "acceptance_walk", "decode_step", "threshold_in", "step_from_confidences", "STATUS_FIELDS"]
 
 # The status word of a step (int64): the new main state's finished flag, draft rows accepted, the step
-# made no progress (non-finite logits), the call's real rows; the call's parents follow.
-STATUS_FIELDS = ("finished", "accepted", "stalled", "rows")
+# made no progress (non-finite logits), the call's real rows, and the argmax at position 0 of the row
+# whose logits produced the new state (under the Fast-dLLM shift: the predicted token after the block,
+# ``generate(fuse_boundaries=True)``'s guess of the next seed); the call's parents follow.
+STATUS_FIELDS = ("finished", "accepted", "stalled", "rows", "seed_guess")
 
 
 @dataclass(frozen=True)
@@ -257,5 +259,6 @@ def step_from_confidences(conf: Tensor, tok: Tensor, rows: Tensor, parents: Tens
     else:
         d_rows, d_parents, kept = draft_rows(y, _row(conf, cur), _row(tok, cur), info, rules, tables)
         next_rows, next_parents = torch.cat([y[None], d_rows]), torch.cat([head, d_parents])
-    status = torch.cat([torch.stack([done.long(), accepted, stalled.long(), n_rows.long()]), parents])
+    guess = _row(tok, cur)[0]
+    status = torch.cat([torch.stack([done.long(), accepted, stalled.long(), n_rows.long(), guess.long()]), parents])
     return next_rows, next_parents, 1 + kept, status

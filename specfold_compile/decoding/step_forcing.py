@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .device_step import STATUS_FIELDS
+
 __all__ = ["RecordedStep", "StepRecorder", "StepForcing", "snapshot"]
 
 
@@ -90,7 +92,11 @@ class StepForcing:
         self.rows = rows.to(device)
         self.parents = torch.stack([s.parents for s in steps]).to(device)
         self.n_rows = torch.tensor([s.n_rows for s in steps], dtype=torch.long, device=device)
-        self.status = torch.stack([s.status for s in steps]).to(device)
+        status = torch.stack([s.status for s in steps])
+        if token_map is not None:  # the seed guess is a token id
+            guess = STATUS_FIELDS.index("seed_guess")
+            status[:, guess] = token_map[status[:, guess]]
+        self.status = status.to(device)
         self.index = torch.zeros(1, dtype=torch.long, device=device)
         self.steps = len(steps)
         R, B = self.rows.shape[1:]

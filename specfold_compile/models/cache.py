@@ -21,6 +21,9 @@ class PrefixCache:
     """The shared prefix K/V: one copy per layer, ``[Hkv, P, D]``, read by every branch through views.
 
     ``next_logits`` ([V]) predicts the token right after the prefix (the next block's seed).
+    ``next_block_logits`` ([B, V], or None): the logits of the next block's first state when the pass
+    that built this cache verified it too (``prefill`` / ``write_block`` with ``next_block``): what
+    ``model(next_block[None], parents=[-1], cache)`` gives, with the family's shift.
 
     A static cache (``BlockDiffusionLM.static_cache``) has a fixed capacity instead: ``[Hkv, capacity,
     D]`` buffers whose first ``length`` keys are the prefix, the length also held on the device in
@@ -36,6 +39,7 @@ class PrefixCache:
     owner: int
     device_length: Tensor | None = None  # static caches only
     static_length: int = 0               # static caches only: device_length's value, known to the host
+    next_block_logits: Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -64,6 +68,23 @@ def block_causal_mask(query_positions: Tensor, key_positions: Tensor, block_size
     return (key_positions[None, :] // block_size) <= (query_positions[:, None] // block_size)
 
 
+def _then_next_block(ids: Tensor, positions: Tensor, allowed: Tensor, next_block: Tensor | None
+                     ) -> tuple[Tensor, Tensor, Tensor]:
+    """A pass over ``ids`` (queries at ``positions``, mask ``allowed`` [S, K]) extended by the next block's
+    first state ``next_block`` [B]: its queries at the B positions after the last one, attending to every
+    key of the pass (the prefix and ``ids``) and bidirectionally to their own block, as a verification
+    call on the cache this pass builds would; ``ids``' queries do not see them. Unchanged for None."""
+    if next_block is None:
+        return ids, positions, allowed
+    s, k = allowed.shape
+    b = next_block.shape[0]
+    grown = torch.zeros(s + b, k + b, dtype=torch.bool, device=allowed.device)
+    grown[:s, :k] = allowed
+    grown[s:] = True
+    return (torch.cat((ids, next_block)), torch.cat((positions, positions[-1] + 1 + torch.arange(b, device=ids.device))),
+            grown)
+
+
 class PrefixCacheMethods:
     """``BlockDiffusionLM``'s prefill and block writes. Uses the model's ``config``, ``model_uid``,
     ``embed_tokens``, ``head``, ``_param_dtype`` and ``_sequence`` (``sequence.SequenceForward``)."""
@@ -76,7 +97,8 @@ class PrefixCacheMethods:
         return PrefixCache(empty, [t.clone() for t in empty], None, self.model_uid)
 
     @torch.no_grad()
-    def prefill(self, prompt_ids: Tensor, compiled: bool = False, block_causal: bool = False) -> PrefixCache:
+    def prefill(self, prompt_ids: Tensor, compiled: bool = False, block_causal: bool = False,
+                next_block: Tensor | None = None) -> PrefixCache:
         """One pass over a prompt (1-D int64) into a new prefix cache; the last position's logits predict
         the next token (``next_logits``).
 
@@ -84,7 +106,7 @@ class PrefixCacheMethods:
         prefilled with (``block_causal_mask``): bidirectional inside each absolute block ``[kB, kB + B)``,
         causal across blocks; its decoder passes the prompt's whole blocks. An empty prompt gives the
         empty cache (no forward, ``next_logits`` None). ``compiled``: as in ``write_block`` (one graph for
-        prompts of any length under each mask)."""
+        prompts of any length under each mask). ``next_block``: as in ``write_block``."""
         if not isinstance(prompt_ids, Tensor) or prompt_ids.dim() != 1 or prompt_ids.dtype != torch.int64:
             raise TypeError("prompt_ids: expected a 1-D int64 tensor")
         for name, flag in (("compiled", compiled), ("block_causal", block_causal)):
@@ -97,24 +119,56 @@ class PrefixCacheMethods:
                              f"max_position_embeddings={self.config.max_position_embeddings}")
         empty = self.empty_cache(prompt_ids.device)
         if prompt_ids.numel() == 0:
+            if next_block is not None:
+                raise ValueError("next_block: an empty prompt has no prefill to verify it with")
             return empty
         if not block_causal:
-            return self.write_block(empty, prompt_ids, causal=True, compiled=compiled)
+            return self.write_block(empty, prompt_ids, causal=True, compiled=compiled, next_block=next_block)
+        self.check_next_block(next_block, prompt_ids.numel())
         run = self.prefill_block_causal
         if compiled:
             run = self.compiled_method("prefill_block_causal")
             if prompt_ids.numel() > 1:  # one graph for every prompt length
                 torch._dynamo.maybe_mark_dynamic(prompt_ids, 0)
-        keys, values, next_logits = run(prompt_ids)
-        return PrefixCache(keys, values, next_logits, self.model_uid)
+        keys, values, next_logits, block_logits = run(prompt_ids, next_block)
+        return PrefixCache(keys, values, next_logits, self.model_uid, next_block_logits=block_logits)
 
-    def prefill_block_causal(self, prompt_ids: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
+    def prefill_block_causal(self, prompt_ids: Tensor, next_block: Tensor | None = None
+                             ) -> tuple[list[Tensor], list[Tensor], Tensor, Tensor | None]:
         """``prefill(block_causal=True)``'s tensor work, without checks or host reads (so it compiles):
-        prompt_ids [S] -> the per-layer K/V [Hkv, S, D] and the last position's logits [V]."""
-        positions = torch.arange(prompt_ids.shape[0], device=prompt_ids.device)
+        prompt_ids [S] -> the per-layer K/V [Hkv, S, D], the last position's logits [V] and (``next_block``
+        [B]) that block's logits [B, V] (``write_block``)."""
+        s = prompt_ids.shape[0]
+        positions = torch.arange(s, device=prompt_ids.device)
         allowed = block_causal_mask(positions, positions, self.config.block_size)
-        h, keys, values = self._sequence(prompt_ids[None], positions, allowed[None], None)
-        return keys, values, self.head(h[0, -1])
+        ids, positions, allowed = _then_next_block(prompt_ids, positions, allowed, next_block)
+        h, keys, values = self._sequence(ids[None], positions, allowed[None], None)
+        if next_block is not None:
+            keys, values = [k[:, :s] for k in keys], [v[:, :s] for v in values]
+        return (keys, values, *self._pass_logits(h[0], s, next_block))
+
+    def _pass_logits(self, h: Tensor, s: int, next_block: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """A pass's logits from its final hidden states ``h`` [S (+ B), C]: the last written position's
+        [V] and, with ``next_block``, the next block's [B, V] (the family's shift). Without one, ``h``
+        is indexed from its end only, so a compiled pass keeps its length dynamic."""
+        if next_block is None:
+            return self.head(h[-1]), None
+        return self.head(h[s - 1]), self.head(self.shift(h[s:]))
+
+    def check_next_block(self, next_block: Tensor | None, end: int, capacity: int | None = None) -> None:
+        """``next_block``: None or an int64 [B] state whose B positions after ``end`` fit the model's
+        positions (and ``capacity``, a static cache's); its ids are not read here (the decode loop builds it)."""
+        if next_block is None:
+            return
+        b = self.config.block_size
+        if not isinstance(next_block, Tensor) or next_block.dtype != torch.int64 or tuple(next_block.shape) != (b,):
+            raise TypeError(f"next_block: expected None or an int64 tensor of shape ({b},)")
+        limit = self.config.max_position_embeddings if capacity is None else min(capacity,
+                                                                                  self.config.max_position_embeddings)
+        if end + b > limit:
+            raise ValueError(f"next_block: positions up to {end + b} exceed "
+                             + ("max_position_embeddings" if capacity is None else "the static cache's capacity")
+                             + f" ({limit})")
 
     @torch.no_grad()
     def static_cache(self, cache: PrefixCache, capacity: int | None = None, out: PrefixCache | None = None
@@ -145,7 +199,7 @@ class PrefixCacheMethods:
 
     @torch.no_grad()
     def write_block(self, cache: PrefixCache, block_tokens: Tensor, causal: bool | None = None,
-                    compiled: bool = False) -> PrefixCache:
+                    compiled: bool = False, next_block: Tensor | None = None) -> PrefixCache:
         """Append a finished block to the prefix cache (returns a new cache; a static cache is updated in
         place and returned: its buffers keep their addresses).
 
@@ -155,11 +209,20 @@ class PrefixCacheMethods:
         cache) through ``torch.compile`` with its default backend (compiled on first use and kept; on a
         dynamic cache one graph for prompts and one for block writes, each dynamic in its length;
         gpt-fast's ``compile_prefill``). The checks here stay eager.
+
+        ``next_block`` (int64 [B], or None): the next block's first state, verified in the same pass
+        (block-boundary fusion, ``generate(fuse_boundaries=True)``): its rows sit after the written block,
+        attend to the whole new prefix and bidirectionally to themselves, and are not written; their
+        logits land in the returned cache's ``next_block_logits`` (what ``model(next_block[None], [-1],
+        returned cache)`` gives). A static cache needs room for those B keys past the block too.
         """
         p, s, causal = self.check_block(cache, block_tokens, causal, compiled)
-        if cache.device_length is not None:
+        static = cache.device_length is not None
+        self.check_next_block(next_block, p + s, cache.capacity if static else None)
+        if static:
             append_static = self.compiled_method("append_block_static") if compiled else self.append_block_static
-            cache.next_logits = append_static(cache.keys, cache.values, cache.device_length, block_tokens, causal)
+            cache.next_logits, cache.next_block_logits = append_static(cache.keys, cache.values, cache.device_length,
+                                                                       block_tokens, causal, next_block)
             cache.static_length = p + s
             return cache
         append = self.append_block
@@ -172,8 +235,8 @@ class PrefixCacheMethods:
             if p > 1:
                 for t in (*cache.keys, *cache.values):
                     torch._dynamo.maybe_mark_dynamic(t, 1)
-        keys, values, next_logits = append(cache.keys, cache.values, block_tokens, causal)
-        return PrefixCache(keys, values, next_logits, self.model_uid)
+        keys, values, next_logits, block_logits = append(cache.keys, cache.values, block_tokens, causal, next_block)
+        return PrefixCache(keys, values, next_logits, self.model_uid, next_block_logits=block_logits)
 
     def check_block(self, cache: PrefixCache, block_tokens: Tensor, causal: bool | None = None,
                     compiled: bool = False) -> tuple[int, int, bool]:
@@ -197,28 +260,35 @@ class PrefixCacheMethods:
             raise ValueError(f"block_tokens: ids must lie in [0, {self.config.vocab_size})")
         return p, s, bool(causal)
 
-    def append_block(self, keys: list[Tensor], values: list[Tensor], block_tokens: Tensor, causal: bool
-                     ) -> tuple[list[Tensor], list[Tensor], Tensor]:
+    def append_block(self, keys: list[Tensor], values: list[Tensor], block_tokens: Tensor, causal: bool,
+                     next_block: Tensor | None = None
+                     ) -> tuple[list[Tensor], list[Tensor], Tensor, Tensor | None]:
         """``write_block``'s tensor work, without checks or host reads (so it compiles and graph-captures):
-        per-layer prefix K/V [Hkv, P, D] and block_tokens [S] -> the K/V [Hkv, P+S, D] and the last
-        position's logits [V]."""
+        per-layer prefix K/V [Hkv, P, D] and block_tokens [S] -> the K/V [Hkv, P+S, D], the last
+        position's logits [V] and (``next_block`` [B]) that block's logits [B, V]."""
         s, p = block_tokens.shape[0], keys[0].shape[1]
         device = block_tokens.device
         allowed = torch.ones(s, p + s, dtype=torch.bool, device=device)
         if causal:
             allowed[:, p:] = torch.ones(s, s, dtype=torch.bool, device=device).tril()
         positions = torch.arange(s, device=device) + p
-        h, keys, values = self._sequence(block_tokens[None], positions, allowed[None], (keys, values))
-        return keys, values, self.head(h[0, -1])
+        ids, positions, allowed = _then_next_block(block_tokens, positions, allowed, next_block)
+        h, keys, values = self._sequence(ids[None], positions, allowed[None], (keys, values))
+        if next_block is not None:
+            keys, values = [k[:, :p + s] for k in keys], [v[:, :p + s] for v in values]
+        return (keys, values, *self._pass_logits(h[0], s, next_block))
 
     def append_block_static(self, keys: list[Tensor], values: list[Tensor], device_length: Tensor,
-                            block_tokens: Tensor, causal: bool) -> Tensor:
+                            block_tokens: Tensor, causal: bool, next_block: Tensor | None = None
+                            ) -> tuple[Tensor, Tensor | None]:
         """``append_block`` on a static cache's buffers [Hkv, capacity, D], in place: each layer writes the
         block's K/V at ``device_length`` and attends over the whole buffers with the keys past the block
-        masked; ``device_length`` then advances by S; returns the last position's logits [V]. No host
-        reads and shapes that do not depend on the prefix length, so one CUDA graph serves every block
-        write of a decode loop (``VerifyGraphs.write_block``), and the prefix is never copied (the
-        dynamic cache's ``torch.cat`` copies it once a block)."""
+        masked; ``device_length`` then advances by S; returns the last position's logits [V] and
+        (``next_block`` [B]) that block's logits [B, V] (its K/V go to the B keys past the block, beyond
+        the new length: scratch that the next write overwrites). No host reads and shapes that do not
+        depend on the prefix length, so one CUDA graph serves every block write of a decode loop
+        (``VerifyGraphs.write_block``), and the prefix is never copied (the dynamic cache's ``torch.cat``
+        copies it once a block)."""
         s, capacity = block_tokens.shape[0], keys[0].shape[1]
         device = block_tokens.device
         positions = device_length + torch.arange(s, device=device)  # the block's keys and RoPE positions
@@ -227,9 +297,15 @@ class PrefixCacheMethods:
             allowed = key_index[None, :] <= positions[:, None]
         else:
             allowed = (key_index < device_length + s)[None, :].expand(s, capacity)
-        h, _, _ = self._sequence(block_tokens[None], positions, allowed[None], (keys, values), write_at=positions)
+        ids = block_tokens
+        if next_block is not None:  # its rows see every key up to the end of their own block
+            b = next_block.shape[0]
+            ids = torch.cat((block_tokens, next_block))
+            positions = device_length + torch.arange(s + b, device=device)
+            allowed = torch.cat((allowed, (key_index < device_length + s + b)[None, :].expand(b, capacity)))
+        h, _, _ = self._sequence(ids[None], positions, allowed[None], (keys, values), write_at=positions)
         device_length.add_(s)
-        return self.head(h[0, -1])
+        return self._pass_logits(h[0], s, next_block)
 
     def compiled_method(self, name: str):
         """The method ``name`` under ``torch.compile`` (default backend), made on first use and kept out of

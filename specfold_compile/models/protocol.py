@@ -33,6 +33,7 @@ class DecodingConfig(Protocol):
     eos_token_id: int
     max_position_embeddings: int
     decoding_rules: DecodingRules
+    shift_logits: bool  # read by generate(fuse_boundaries=True) only
 
 
 class DecodingCache(Protocol):
@@ -70,11 +71,11 @@ class DecodingModel(Protocol):
 @runtime_checkable
 class StaticCacheModel(DecodingModel, Protocol):
     """What ``VerifyGraphs`` calls besides ``DecodingModel``'s members (``BlockDiffusionLM`` documents
-    each): a static copy of a prefill's cache, a block write's checks, its tensor work on a static cache,
+    each): a static copy of a prefill's cache, a block write's checks (and a fused next block's), its tensor work on a static cache,
     and that tensor work compiled with the default backend."""
 
     def write_block(self, cache: Any, block_tokens: Tensor, causal: bool | None = None,
-                    compiled: bool = False) -> Any: ...
+                    compiled: bool = False, next_block: Tensor | None = None) -> Any: ...
 
     def static_cache(self, cache: Any, capacity: int | None = None, out: Any = None) -> Any: ...
 
@@ -82,6 +83,9 @@ class StaticCacheModel(DecodingModel, Protocol):
                     compiled: bool = False) -> tuple[int, int, bool]: ...
 
     def append_block_static(self, keys: list[Tensor], values: list[Tensor], device_length: Tensor,
-                            block_tokens: Tensor, causal: bool) -> Tensor: ...
+                            block_tokens: Tensor, causal: bool, next_block: Tensor | None = None
+                            ) -> tuple[Tensor, Tensor | None]: ...
+
+    def check_next_block(self, next_block: Tensor | None, end: int, capacity: int | None = None) -> None: ...
 
     def compiled_method(self, name: str) -> Callable[..., Any]: ...

@@ -74,12 +74,15 @@ class BlockDiffusionLM(PrefixCacheMethods, SequenceForward, nn.Module):
         return PositionTables(cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :], q_scale)
 
     def shift(self, x: Tensor) -> Tensor:
-        """Fast-dLLM v2: position p reads the logit computed at p-1; position 0 reads its own. ``x`` is
+        """Fast-dLLM v2: position p reads the logit computed at p-1, and position 0 the one computed at the
+        block's last position B-1: the distribution of the token right after the block, i.e. of the next
+        block's position 0 (position 0 of a block is never masked, so no commit reads it; the decode loop
+        reads it as its guess of the next block's seed, ``generate(fuse_boundaries=True)``). ``x`` is
         [..., B, C] logits or, equally, the hidden states before the row-wise final norm and LM head
         (``verify`` shifts those: a copy of [N, B, hidden] instead of [N, B, vocab])."""
         if not self.config.shift_logits:
             return x
-        return torch.cat((x[..., :1, :], x[..., :-1, :]), dim=-2)
+        return torch.cat((x[..., -1:, :], x[..., :-1, :]), dim=-2)
 
     # --- the verification forward ----------------------------------------------------------------
     def forward(self, tokens: Tensor, parents: Tensor, cache: PrefixCache,
@@ -121,10 +124,12 @@ class BlockDiffusionLM(PrefixCacheMethods, SequenceForward, nn.Module):
 
     def logit_rows(self, logit_positions: Tensor, block: int) -> Tensor:
         """Flat hidden-state rows whose head output is the logits of ``logit_positions`` (``n * B + p``):
-        the positions themselves, or with the Fast-dLLM shift ``p - 1`` (position 0 its own, as ``shift``)."""
+        the positions themselves, or with the Fast-dLLM shift ``p - 1`` (position 0 the block's last, B-1,
+        as ``shift``)."""
         if not self.config.shift_logits:
             return logit_positions
-        return logit_positions - (logit_positions % block != 0).to(logit_positions.dtype)
+        first = (logit_positions % block == 0).to(logit_positions.dtype)
+        return logit_positions - 1 + first * block
 
     @torch.compiler.disable
     def check_inputs(self, tokens: Tensor, parents: Tensor, cache: PrefixCache,

@@ -119,7 +119,7 @@ def find_regions(gm: GraphModule, settings: Any = None) -> RegionPlan:
 
 
 def _after_row_shift(h: Node) -> Node:
-    """The Fast-dLLM logit shift applied to the last layer's output (``cat((h[..., :1, :], h[..., :-1, :]),
+    """The Fast-dLLM logit shift applied to the last layer's output (``cat((h[..., -1:, :], h[..., :-1, :]),
     dim=-2)``, as ``BlockDiffusionLM.verify`` does before the head): its output, whose rows the head
     region then starts from (the shift moves whole rows, so a gate there is SPEC's head gate applied one
     position earlier, and the logits are the same). Any other use of ``h``: ``h`` itself."""

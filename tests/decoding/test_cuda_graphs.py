@@ -114,9 +114,10 @@ def test_generate_with_graphs_matches_launched_calls(model, all_logits):
             seen += out.num_calls
     assert graphs.captures == len(graphs.graphs) and graphs.captures + graphs.replays == seen
     assert graphs.replays > graphs.captures  # shapes recur
-    # one block write graph (block length, family's causality, eager writes), replayed for every later write
-    # (the cache's 256 keys are one window: VerifyGraphs' smallest window is CAPACITY_STEP keys)
-    assert list(graphs.write_graphs) == [(model.config.block_size, model.config.family == "nld", False, 256)]
+    # one block write graph (block length, family's causality, eager writes, no fused next block), replayed
+    # for every later write (the cache's 256 keys are one window: VerifyGraphs' smallest window is
+    # CAPACITY_STEP keys)
+    assert list(graphs.write_graphs) == [(model.config.block_size, model.config.family == "nld", False, False, 256)]
     assert graphs.write_captures == 1 and graphs.write_replays >= 1
     if all_logits:
         assert all(m is None for _, m, _ in graphs.graphs)
@@ -231,7 +232,7 @@ def test_windows_decode_the_same_tokens(model, windows):
         assert used == used_by_writes == [graphs.cache.capacity]
         return
     assert used == [16, 32, 64, 128] and len(used_by_writes) >= 2 and set(used_by_writes) <= set(used)
-    for s, _, _, w in graphs.write_graphs:  # a write's window holds the block it writes too
+    for s, *_, w in graphs.write_graphs:  # a write's window holds the block it writes too
         assert w >= s
     for w, view in graphs._windows.items():
         for k, buf in zip((*view.keys, *view.values), (*graphs.cache.keys, *graphs.cache.values)):
@@ -311,9 +312,9 @@ def test_launched_writes_go_through_windows(model, monkeypatch):
     seen = []
     original = model.append_block_static
 
-    def spy(keys, values, device_length, block_tokens, causal):
+    def spy(keys, values, device_length, block_tokens, causal, next_block=None):
         seen.append((keys[0].shape[1], int(device_length) + block_tokens.shape[0]))
-        return original(keys, values, device_length, block_tokens, causal)
+        return original(keys, values, device_length, block_tokens, causal, next_block)
 
     monkeypatch.setattr(model, "append_block_static", spy)
     p = torch.tensor(PROMPTS[1])

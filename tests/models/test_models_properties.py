@@ -166,11 +166,12 @@ def test_verify_matches_forward_sequence(preset, kwargs, seed, prompt_len, writt
 
 
 def test_shift_semantics():
-    """Fast-dLLM v2 reads position p from p-1 (position 0 its own); NLD does not shift."""
+    """Fast-dLLM v2 reads position p from p-1 (position 0 from the block's last position: the next
+    block's first token); NLD does not shift."""
     fast, nld = build("tiny-fast-dllm-v2"), build("tiny-nld")
     x = torch.arange(2 * 4 * 3, dtype=torch.float32).view(2, 4, 3)
     shifted = fast.shift(x)
-    assert torch.equal(shifted[:, 0], x[:, 0]) and torch.equal(shifted[:, 1:], x[:, :-1])
+    assert torch.equal(shifted[:, 0], x[:, -1]) and torch.equal(shifted[:, 1:], x[:, :-1])
     assert torch.equal(nld.shift(x), x)
 
 

@@ -55,10 +55,10 @@ def test_training_layout_equals_cached_decoding(L, R):
     for k in range(n_dec):
         for start in (C, C + D):  # both noisy copies, block k
             noisy = inp[0, start + B * k:start + B * (k + 1)]
-            dec = model(noisy[None], torch.tensor([-1]), cache)[0]  # shifted: dec[p] = raw[p - 1], dec[0] = raw[0]
+            dec = model(noisy[None], torch.tensor([-1]), cache)[0]  # shifted: dec[p] = raw[p - 1], dec[0] = raw[B - 1]
             raw = logits[start + B * k:start + B * (k + 1)]
             torch.testing.assert_close(dec[1:], raw[:-1], **TOL)
-            torch.testing.assert_close(dec[0], raw[0], **TOL)
+            torch.testing.assert_close(dec[0], raw[-1], **TOL)
         if k + 1 < n_dec:
             cache = model.write_block(cache, torch.tensor(full[first + B * k:first + B * (k + 1)]))
             # the block write's last logit seeds block k + 1: the clean stream's last index of block k
