@@ -20,10 +20,13 @@ so the three speculative modes make exactly the same calls and differ only in ho
 The record's model has 6 layers: gate ``g`` of a real-shape model takes the recorded mask of gate
 ``g * 6 // layers``. The record is a Fast-dLLM v2 decode; a model of the other family (NLD-3B) lays a
 prompt out alike only when it fills whole blocks, so it replays a record made with ``--grid`` (prompts
-left-padded with the pad token to whole blocks). Rows as ``bench.end_to_end``'s,
-with ``trace_driven`` True::
+left-padded with the pad token to whole blocks). ``--fuse-boundaries`` records (and so replays)
+``generate(fuse_boundaries=True)``'s loop; an NLD model cannot replay such a record (it has no seed
+prediction, ``generate``'s docstring). Rows as ``bench.end_to_end``'s, with ``trace_driven`` True and
+``fuse_boundaries`` from the record::
 
     python -m bench.trace_driven record --out TRACE.pt [--limit 4] [--tasks math,code,instruct] [--tau 0.1] [--grid]
+        [--fuse-boundaries]
     python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models fast-dllm-v2-1.5b [--out FILE]
 """
 
@@ -50,7 +53,8 @@ def _decode(model, prompt, mode, args, graph, forward=None, trace=None, graphs=N
 
     return decode_on_device(model, prompt, mode, args.max_new_tokens, DEFAULTS.threshold,
                             args.draft_budget if mode != "vanilla" else 0,
-                            graph if mode != "vanilla" else None, True, graphs=graphs, forward=forward, trace=trace)
+                            graph if mode != "vanilla" else None, True, graphs=graphs, forward=forward, trace=trace,
+                            fuse_boundaries=args.fuse_boundaries)
 
 
 def record(args) -> dict:
@@ -88,7 +92,7 @@ def record(args) -> dict:
     return {"model": "specfold-tiny", "tau": args.tau, "max_new_tokens": args.max_new_tokens,
             "draft_budget": args.draft_budget, "layers": cfg.num_layers, "mask_token_id": cfg.mask_token_id,
             "eos_token_id": cfg.eos_token_id, "vocab_size": cfg.vocab_size, "block_size": cfg.block_size,
-            "family": cfg.family, "grid": args.grid, "prompts": prompts}
+            "family": cfg.family, "grid": args.grid, "fuse_boundaries": args.fuse_boundaries, "prompts": prompts}
 
 
 def token_map(trace: dict, cfg) -> torch.Tensor:
@@ -120,6 +124,9 @@ def replay(args, trace: dict, name: str) -> list[dict]:
     if cfg.family != trace["family"] and not trace["grid"]:
         raise SystemExit(f"--models {name}: a {cfg.family} model lays prompts out unlike the record's "
                          f"{trace['family']}; replay a record made with --grid")
+    if args.fuse_boundaries and not cfg.shift_logits:
+        raise SystemExit(f"--models {name}: the record verifies blocks with their writes (--fuse-boundaries), which "
+                         f"a {cfg.family} model cannot (no seed prediction); replay a record made without it")
     table = token_map(trace, cfg)
     # the record's draft graph: each step builds its drafts (then replaced by the record's) as the record did
     graph = load_draft_graph(str(DEFAULT_MODEL_DIR / "draft_graph.json"), cfg.block_size)
@@ -158,7 +165,8 @@ def replay(args, trace: dict, name: str) -> list[dict]:
             by_task.setdefault(p["task"], []).append(i)
         for task, idx in by_task.items():
             row = _row(name, task, mode, {mode: [runs[mode][i] for i in idx]}, warm_s, cuda)
-            row.update(trace_driven=True, loop="device", host_twin=None, same_as_host_twin=None, tokens_match=None,
+            row.update(trace_driven=True, fuse_boundaries=args.fuse_boundaries, loop="device", host_twin=None,
+                       same_as_host_twin=None, tokens_match=None,
                        trace_reproduced=all(r["reproduced"] for i in idx for r in runs[mode][i]),
                        record={"model": trace["model"], "decode": kind, "tau": trace["tau"]})
             rows.append(row)
@@ -189,6 +197,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tau", type=float, default=0.1, help="record: SpecFold's fold threshold")
     ap.add_argument("--grid", action="store_true",
                     help="record: prompts left-padded (pad token) to whole blocks, replayable by either family")
+    ap.add_argument("--fuse-boundaries", action="store_true",
+                    help="record: generate(fuse_boundaries=True)'s loop (replay: read from the record)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--draft-budget", type=int, default=16)
     ap.add_argument("--models", default="fast-dllm-v2-1.5b", help="replay: comma-separated presets")
@@ -224,11 +234,13 @@ def main(argv=None) -> int:
             ap.error("replay: --trace FILE expected (made by `python -m bench.trace_driven record`)")
         trace = torch.load(args.trace, weights_only=False)
         args.max_new_tokens, args.draft_budget = trace["max_new_tokens"], trace["draft_budget"]
+        args.fuse_boundaries = bool(trace.get("fuse_boundaries", False))
         rows = [row for name in args.models.split(",") for row in replay(args, trace, name)]
     write_json(Path(out), rows, {"suite": "end_to_end", "seconds": time.perf_counter() - t0,
                                  "setup": {"trace": args.trace, "record_model": trace["model"], "tau": trace["tau"],
                                            "prompts": len(trace["prompts"]), "repeats": args.repeats,
                                            "max_new_tokens": args.max_new_tokens,
+                                           "fuse_boundaries": args.fuse_boundaries,
                                            "draft_budget": args.draft_budget, "device": args.device}})
     print(f"wrote {out}")
     return 0

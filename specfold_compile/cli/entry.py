@@ -20,6 +20,9 @@ def add_decoding_arguments(p) -> None:
     """The arguments of ``generate`` and ``demo``."""
     add_model_arguments(p)
     p.add_argument("--tau", type=arguments.tau, default=0.1)
+    p.add_argument("--fuse-boundaries", action="store_true",
+                   help="verify each block's first state in the pass that writes the prefix before it "
+                        "(generate(fuse_boundaries=True)): the same tokens, fewer forwards")
     add_cuda_graphs_argument(p)
 
 
