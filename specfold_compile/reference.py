@@ -2,11 +2,17 @@
 
 This is the oracle for the compiler passes and the kernels: a loop over layers with the gate, the
 origin map and the packing written out. Clarity beats speed here.
+
+The pieces are shared with the serving engine's batched folded verification
+(``serving.folded.verify_batch_folded``), which runs them over the rows of several requests at once:
+``FoldGates`` (gate -> origin -> packing, one call per gate), ``folded_layers`` (the decoder layers over
+the packed rows, attention through a callable) and ``packed_tables`` (the RoPE tables of the packed rows).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -15,7 +21,12 @@ from .kernels.attention_ref import branch_attention_ref
 from .kernels.gate_ref import fold_flags_ref, resolve_folds_ref
 from .models.transformer import BlockDiffusionLM, PositionTables, PrefixCache
 
+__all__ = ["folded_verify", "check_tau", "gate_count", "FoldGates", "folded_layers", "packed_tables", "GATES"]
+
 GATES = ("layer", "sublayer")
+
+# attend(layer_index, layer, q, k, v) -> o: every row's attention, q [N, B, Hq, D], k/v [N, B, Hkv, D]
+Attend = Callable[[int, torch.nn.Module, Tensor, Tensor, Tensor], Tensor]
 
 
 def check_tau(tau: float | Tensor) -> Tensor:
@@ -23,6 +34,17 @@ def check_tau(tau: float | Tensor) -> Tensor:
     if math.isnan(value) or value < 0:
         raise ValueError(f"tau: expected a number >= 0, got {value}")
     return torch.tensor(value, dtype=torch.float32)
+
+
+def check_gate(gate: str) -> None:
+    if gate not in GATES:
+        raise ValueError(f"gate: expected one of {GATES}, got {gate!r}")
+
+
+def gate_count(num_layers: int, gate: str = "layer", fold_head: bool = False) -> int:
+    """The gates one folded forward evaluates: one per layer (two with ``gate="sublayer"``), one more for
+    the head with ``fold_head``."""
+    return (2 if gate == "sublayer" else 1) * num_layers + int(fold_head)
 
 
 def _gate(h: Tensor, parents: Tensor, tau: Tensor, forced: Tensor | None) -> Tensor:
@@ -36,6 +58,55 @@ def _gate(h: Tensor, parents: Tensor, tau: Tensor, forced: Tensor | None) -> Ten
     return forced.to(h.device)
 
 
+class FoldGates:
+    """The gates of one folded forward over rows with ``parents`` [N] (a row whose parent lies outside
+    ``[0, n)``, such as a main branch's ``-1``, never folds). Each call ``gates(h)`` on a residual stream
+    ``h`` [N, B, C] evaluates the next gate (or takes the next of the forced ``fold_masks``, SPEC P4),
+    keeps its mask in ``masks`` and returns the packing (SPEC section 2, steps 1-2): the computed rows
+    (flat ``n * B + b``, in order) and each position's origin slot among them, [N, B]."""
+
+    def __init__(self, parents: Tensor, tau: float | Tensor, fold_masks: list[Tensor] | None = None):
+        self.parents, self.tau = parents, check_tau(tau)
+        self._forced = iter(fold_masks) if fold_masks is not None else None
+        self.masks: list[Tensor] = []
+
+    def __call__(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        fold = _gate(h, self.parents, self.tau, next(self._forced) if self._forced is not None else None)
+        self.masks.append(fold)
+        _, rows, count, slot = resolve_folds_ref(fold, self.parents)
+        return rows[: int(count)], slot
+
+
+def packed_tables(pos: PositionTables, index: Tensor) -> PositionTables:
+    """The position tables of the packed rows: ``pos``'s entries ``index`` (one per packed row)."""
+    return PositionTables(pos.cos[index], pos.sin[index], None if pos.q_scale is None else pos.q_scale[index])
+
+
+def folded_layers(layers, h: Tensor, gates: FoldGates, tables: Callable[[Tensor], PositionTables],
+                  attend: Attend, gate: str = "layer") -> Tensor:
+    """SPEC section 2's decoder layers over the residual streams ``h`` [N, B, C]: per layer the gate
+    (``gates``), the position-wise part before attention on the computed rows only (``tables(rows)``: the
+    RoPE tables of the packed rows), every row attending with its (possibly inherited) q over the prefix
+    and its own branch's k/v (``attend``), and the MLP on the computed rows, folded rows adding their
+    origin's output to their own residual. ``gate="sublayer"`` re-gates the MLP at ``h_mid``."""
+    channels = h.shape[-1]
+    for index, layer in enumerate(layers):
+        # Attention sublayer: position-wise part on the computed rows only.
+        rows, slot = gates(h)
+        q_p, k_p, v_p = layer.qkv(h.reshape(-1, channels)[rows], tables(rows))  # [R, H, D]
+        # Folded rows take their origin's q, k, v; every row attends over the shared prefix and its
+        # own branch's block (so a recomputed position reaches the folded positions of its branch).
+        q, k, v = q_p[slot], k_p[slot], v_p[slot]  # [N, B, H, D]
+        h_mid = h + layer.attn_out(attend(index, layer, q, k, v))
+
+        # MLP sublayer: computed rows only; folded rows add their origin's output to their own residual.
+        if gate == "sublayer":
+            rows, slot = gates(h_mid)
+        m_p = layer.mlp_out(h_mid.reshape(-1, channels)[rows])  # [R, C]
+        h = h_mid + m_p[slot]
+    return h
+
+
 @torch.no_grad()
 def folded_verify(model: BlockDiffusionLM, tokens: Tensor, parents: Tensor, cache: PrefixCache,
                   tau: float | Tensor, fold_masks: list[Tensor] | None = None, gate: str = "layer",
@@ -47,55 +118,31 @@ def folded_verify(model: BlockDiffusionLM, tokens: Tensor, parents: Tensor, cach
     head with ``fold_head=True`` (folded rows take their origin's logits). Passing them forces the folds
     instead of evaluating the gate (SPEC P4).
     """
-    if gate not in GATES:
-        raise ValueError(f"gate: expected one of {GATES}, got {gate!r}")
+    check_gate(gate)
     model.check_inputs(tokens, parents, cache)
-    tau_t = check_tau(tau)
-    n_gates = (2 if gate == "sublayer" else 1) * len(model.layers) + int(fold_head)
+    gates = FoldGates(parents, tau, fold_masks)
+    n_gates = gate_count(len(model.layers), gate, fold_head)
     if fold_masks is not None and len(fold_masks) != n_gates:
         raise ValueError(f"fold_masks: expected {n_gates} masks, got {len(fold_masks)}")
-    forced = iter(fold_masks) if fold_masks is not None else None
 
-    n_rows, block = tokens.shape
+    block = tokens.shape[1]
     h = model.embed_tokens(tokens)  # [N, B, C]: every branch keeps its own residual stream
     channels = h.shape[-1]
-    positions = torch.arange(block, device=tokens.device) + cache.length
-    pos = model.position_tables(positions)
-    used: list[Tensor] = []
+    pos = model.position_tables(torch.arange(block, device=tokens.device) + cache.length)
 
-    def plan(state: Tensor) -> tuple[Tensor, Tensor]:
-        """Gate -> origin -> packing: the computed rows (flat n*B+b) and each row's origin slot among them."""
-        fold = _gate(state, parents, tau_t, next(forced) if forced is not None else None)
-        used.append(fold)
-        _, rows, count, slot = resolve_folds_ref(fold, parents)
-        return rows[: int(count)], slot
+    def attend(index, layer, q, k, v):
+        return branch_attention_ref(q, k, v, cache.keys[index], cache.values[index], layer.scale,
+                                    prefix_len=cache.device_length)
 
-    for layer, k_pre, v_pre in zip(model.layers, cache.keys, cache.values):
-        # Attention sublayer: position-wise part on the computed rows only.
-        rows, slot = plan(h)
-        row_pos = rows % block
-        packed_pos = PositionTables(pos.cos[row_pos], pos.sin[row_pos],
-                                    None if pos.q_scale is None else pos.q_scale[row_pos])
-        q_p, k_p, v_p = layer.qkv(h.reshape(-1, channels)[rows], packed_pos)  # [R, H, D]
-        # Folded rows take their origin's q, k, v; every row attends over the shared prefix and its
-        # own branch's block (so a recomputed position reaches the folded positions of its branch).
-        q, k, v = q_p[slot], k_p[slot], v_p[slot]  # [N, B, H, D]
-        o = branch_attention_ref(q, k, v, k_pre, v_pre, layer.scale, prefix_len=cache.device_length)
-        h_mid = h + layer.attn_out(o)
-
-        # MLP sublayer: computed rows only; folded rows add their origin's output to their own residual.
-        if gate == "sublayer":
-            rows, slot = plan(h_mid)
-        m_p = layer.mlp_out(h_mid.reshape(-1, channels)[rows])  # [R, C]
-        h = h_mid + m_p[slot]
+    h = folded_layers(model.layers, h, gates, lambda rows: packed_tables(pos, rows % block), attend, gate)
 
     # The family's logit shift, applied to the hidden states before the row-wise norm and head (as the
     # model's verify does): the same logits as shifting them after. With fold_head the head's gate sees
     # the shifted states, so position p's decision is the one position p-1 would get unshifted.
     h = model.shift(h)
     if fold_head:
-        rows, slot = plan(h)
+        rows, slot = gates(h)
         logits = model.head(model.norm(h.reshape(-1, channels)[rows]))[slot]  # [N, B, V]
     else:
         logits = model.head(model.norm(h))
-    return logits, used
+    return logits, gates.masks

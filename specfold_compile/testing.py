@@ -3,7 +3,7 @@
 ``tests/`` and ``bench/kernels/`` take every shared helper from here (``tests/conftest.py`` configures the
 run): comparisons (``rel_err``, the one error measure; ``assert_close``, ``tol``), kernel inputs on
 ``DEVICE`` (``randn``, ``strided_q``, ``cache_view``, ``packed_problem``, ``attention_tuning``), tiny
-random models and draft trees (``ModelSpec``, ``make_cache``, ``make_tree``; the hypothesis helpers
+random models and draft trees (``ModelSpec``, ``make_cache``, ``identity_head``, ``make_tree``; the hypothesis helpers
 ``model_specs`` and ``hsettings`` import hypothesis when called), compile-and-run that checks the folded
 graph ran (``compile_run``, ``capture_graph``, ``root_cause``), gate checks against the reference
 (``recording_reference_gates``, ``check_gates_near_threshold``, ...) and the bf16 patch of Triton's CPU
@@ -192,6 +192,17 @@ def make_cache(model, prompt_len: int = 7, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, VOCAB - 1, (prompt_len,), generator=g)
     return model.prefill(ids)
+
+
+@contextlib.contextmanager
+def identity_head(model):
+    """The model's LM head replaced by the identity: its forwards then return the final norm's rows (a
+    comparison of hidden states, bit for bit, with no LM head GEMM in between)."""
+    model.head = lambda h: h
+    try:
+        yield
+    finally:
+        del model.head
 
 
 # --- draft trees ---------------------------------------------------------------------------------

@@ -3,19 +3,21 @@ request reading its own slot of a pooled prefix KV store (docs/serving.md).
 
 Public API::
 
-    Engine(model, max_requests=8, max_tokens_per_request=1024, mode="vanilla"|"spiffy", draft_graph=None,
-           confidence_dtype=, max_waiting=None)
+    Engine(model, max_requests=8, max_tokens_per_request=1024, mode="vanilla"|"spiffy"|"specfold",
+           draft_graph=None, confidence_dtype=, max_waiting=None, tau=None)
         .add_request(prompt_ids, RequestParams(...)) -> id   .step() -> [BlockOutput]   .run()
         .abort(id)   .output(id) -> RequestOutput   .pop(id)   .stats   .pool
     RequestParams(max_new_tokens=, threshold=, draft_budget=, stop_at_eos=True)
     generate(model, prompt_ids | [prompt_ids, ...], ...)   # one prompt: decoding.generate; a list: batched
     KVPool(model, max_requests, max_tokens_per_request), PoolExhausted
+    verify_batch_folded(model, pool, slots, rows, parents, logit_positions, tau)  # the folded forward
 """
 
 from .batch import generate, generate_batch
 from .engine import SERVING_MODES, BlockOutput, Engine, EngineStats, RequestOutput
+from .folded import verify_batch_folded
 from .pool import KVPool, PoolExhausted
 from .request import RequestParams
 
 __all__ = ["Engine", "RequestParams", "BlockOutput", "RequestOutput", "EngineStats", "SERVING_MODES",
-           "generate", "generate_batch", "KVPool", "PoolExhausted"]
+           "generate", "generate_batch", "KVPool", "PoolExhausted", "verify_batch_folded"]

@@ -4,9 +4,10 @@
 of running ones, each running request in its own pool slot. One ``step()``:
 
 1. admits waiting requests while slots are free (each one's prompt prefilled alone into its slot);
-2. runs ONE verification forward over the rows (main and, under Spiffy, drafts) of every running request
-   whose block still has masks (``forward.verify_batch``), and applies each request's commit rule and
-   acceptance walk to its own rows' confidences;
+2. runs ONE verification forward over the rows (main and, under Spiffy or SpecFold, drafts) of every
+   running request whose block still has masks (``forward.verify_batch``; SpecFold: the folded forward
+   ``folded.verify_batch_folded``, each draft folding against its parent within its own request), and
+   applies each request's commit rule and acceptance walk to its own rows' confidences;
 3. hands out every block that is now finished (``step``'s return value, ``BlockOutput``), lets the
    requests that are done leave (their slot freed at once), and writes the other finished blocks to
    their slots in one batched pass (``forward.write_blocks``); their next block starts.
@@ -28,13 +29,15 @@ import torch
 from ..decoding import DEFAULTS, GenerateResult, default_draft_graph, load_draft_graph
 from ..decoding.commit import confidence
 from ..decoding.defaults import CONFIDENCE_DTYPES
+from ..decoding.specfold import check_tau
+from .folded import verify_batch_folded
 from .forward import check_serving_model, verify_batch, write_blocks
 from .pool import KVPool, PoolExhausted
 from .request import RequestDecode, RequestParams
 
 __all__ = ["Engine", "BlockOutput", "RequestOutput", "EngineStats", "SERVING_MODES"]
 
-SERVING_MODES = ("vanilla", "spiffy")
+SERVING_MODES = ("vanilla", "spiffy", "specfold")
 STATUSES = ("waiting", "running", "finished", "failed", "aborted")
 
 
@@ -57,13 +60,16 @@ class BlockOutput:
 class RequestOutput:
     """A request's record: ``status`` (one of ``STATUSES``), its finished blocks so far, and once finished
     ``result`` (a ``decoding.GenerateResult``, as ``generate`` on that request alone returns it) or
-    ``error`` (failed)."""
+    ``error`` (failed). ``fold_masks`` (``mode="specfold"``): each of its verification calls' fold masks,
+    bool ``[G, N, B]`` (G gates: one a decoder layer; N the call's rows, ``result.steps``' branches), in
+    call order."""
 
     request_id: int
     status: str
     blocks: list[list[int]] = field(default_factory=list)
     result: GenerateResult | None = None
     error: str | None = None
+    fold_masks: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def tokens(self) -> list[int]:
@@ -73,7 +79,7 @@ class RequestOutput:
 @dataclass
 class EngineStats:
     """What the engine ran: verification forwards (and the rows and requests they covered), batched block
-    writes, prefills."""
+    writes, prefills; under SpecFold the draft positions its gates saw (summed over gates) and folded."""
 
     verify_calls: int = 0
     verify_rows: int = 0
@@ -81,6 +87,14 @@ class EngineStats:
     write_calls: int = 0
     written_blocks: int = 0
     prefills: int = 0
+    gated_draft_positions: int = 0
+    folded_draft_positions: int = 0
+
+    @property
+    def recompute_ratio(self) -> float:
+        """SpecFold: the share of gated draft positions computed rather than folded (1.0 before any)."""
+        gated = self.gated_draft_positions
+        return 1.0 - self.folded_draft_positions / gated if gated else 1.0
 
 
 class Engine:
@@ -88,19 +102,23 @@ class Engine:
 
     ``max_requests``: pool slots (requests running at once); ``max_tokens_per_request``: prefix positions
     a slot holds (a request needs its prompt plus every block but its last: ``add_request`` refuses one
-    that does not fit). ``mode``: ``"vanilla"`` or ``"spiffy"`` (with ``draft_graph``: a path, dict or
-    ``DraftGraph``, None the default graph); ``"specfold"`` is not batched yet. ``confidence_dtype``: as in
-    ``generate``. ``max_waiting``: how many requests may queue for a slot (None: any number);
+    that does not fit). ``mode``: ``"vanilla"``, ``"spiffy"`` or ``"specfold"`` (both with ``draft_graph``:
+    a path, dict or ``DraftGraph``, None the default graph). ``tau``: SpecFold's fold threshold (a number
+    >= 0, 0 folds nothing; needed by ``"specfold"`` and taken by no other mode). ``confidence_dtype``: as
+    in ``generate``. ``max_waiting``: how many requests may queue for a slot (None: any number);
     ``add_request`` raises ``PoolExhausted`` beyond it."""
 
     def __init__(self, model, max_requests: int = 8, max_tokens_per_request: int = 1024, mode: str = "vanilla",
-                 draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None):
+                 draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None,
+                 tau: float | None = None):
         check_serving_model(model)
-        if mode == "specfold":
-            raise ValueError("mode: 'specfold' (the compiled forward) is not batched yet; the engine decodes "
-                             "'vanilla' or 'spiffy' (docs/serving.md)")
         if not isinstance(mode, str) or mode not in SERVING_MODES:
             raise ValueError(f"mode: expected one of {SERVING_MODES}, got {mode!r}")
+        tau = check_tau(tau)
+        if mode == "specfold" and tau is None:
+            raise ValueError("tau: mode='specfold' needs the fold threshold, a number >= 0 (0 folds nothing)")
+        if mode != "specfold" and tau is not None:
+            raise ValueError(f"tau: only mode='specfold' folds, got mode={mode!r}")
         if not isinstance(confidence_dtype, str) or confidence_dtype not in CONFIDENCE_DTYPES:
             raise ValueError(f"confidence_dtype: expected one of {CONFIDENCE_DTYPES}, got {confidence_dtype!r}")
         if max_waiting is not None and (isinstance(max_waiting, bool) or not isinstance(max_waiting, int)
@@ -113,6 +131,7 @@ class Engine:
         elif draft_graph is not None:
             load_draft_graph(draft_graph, block)  # still reject a malformed graph
         self.model, self.mode, self.confidence_dtype, self.max_waiting = model, mode, confidence_dtype, max_waiting
+        self.tau = tau
         self.pool = KVPool(model, max_requests, max_tokens_per_request)
         self.device = model.embed_tokens.weight.device
         self.stats = EngineStats()
@@ -235,8 +254,17 @@ class Engine:
     def _verify(self, ready: list[RequestDecode], events: list[BlockOutput]) -> None:
         rows = [d.rows() for d in ready]
         positions = [d.logit_positions(r) for d, r in zip(ready, rows)]
-        logits = verify_batch(self.model, self.pool, [d.slot for d in ready], [r.to(self.device) for r in rows],
-                              [p.to(self.device) for p in positions])
+        args = (self.model, self.pool, [d.slot for d in ready], [r.to(self.device) for r in rows])
+        if self.mode == "specfold":
+            logits, masks = verify_batch_folded(*args, [d.parents for d in ready],
+                                                [p.to(self.device) for p in positions], self.tau)
+            for d, m in zip(ready, masks):
+                m = m.cpu()
+                self._outputs[d.request_id].fold_masks.append(m)
+                self.stats.gated_draft_positions += int(m[:, 1:].numel())
+                self.stats.folded_draft_positions += int(m.sum())
+        else:
+            logits = verify_batch(*args, [p.to(self.device) for p in positions])
         rules = self.model.config.decoding_rules
         conf, tok = confidence(torch.cat(logits), int(self.model.config.mask_token_id), self.confidence_dtype,
                                rules.argmax_of_probs)

@@ -30,7 +30,7 @@ from .. import ops
 from ..models.layers import PositionTables
 from .pool import KVPool
 
-__all__ = ["verify_batch", "write_blocks", "check_serving_model"]
+__all__ = ["verify_batch", "write_blocks", "check_serving_model", "attend_requests", "request_logits", "row_bounds"]
 
 
 def check_serving_model(model) -> None:
@@ -71,20 +71,41 @@ def verify_batch(model, pool: KVPool, slots: list[int], rows: list[Tensor],
     tokens = torch.cat(rows)
     device = tokens.device
     pos = _row_tables(model, [pool.lengths[s] for s in slots], counts, block, device)
-    bounds = [0]
-    for c in counts:
-        bounds.append(bounds[-1] + c)
+    bounds = row_bounds(counts)
     h = model.embed_tokens(tokens)
     for index, layer in enumerate(model.layers):
         q, k, v = layer.qkv(h, pos)
-        outs = []
-        for i, slot in enumerate(slots):
-            a, b = bounds[i], bounds[i + 1]
-            k_pre, v_pre = pool.prefix(slot, index)
-            outs.append(ops.branch_attention(q[a:b], k[a:b], v[a:b], k_pre, v_pre, layer.scale, None))
-        h = h + layer.attn_out(torch.cat(outs))
+        h = h + layer.attn_out(attend_requests(q, k, v, pool, slots, bounds, index, layer.scale))
         h = h + layer.mlp_out(h)
-    flat = torch.cat([p.to(device) + bounds[i] * block for i, p in enumerate(logit_positions)])
+    return request_logits(model, h, bounds, logit_positions)
+
+
+def row_bounds(counts: list[int]) -> list[int]:
+    """Where each request's rows start in the concatenation, and where the last one ends."""
+    bounds = [0]
+    for c in counts:
+        bounds.append(bounds[-1] + c)
+    return bounds
+
+
+def attend_requests(q: Tensor, k: Tensor, v: Tensor, pool: KVPool, slots: list[int], bounds: list[int],
+                    layer: int, scale: float) -> Tensor:
+    """Every request's rows attending to its own slot's prefix (of decoder layer ``layer``) and to their own
+    blocks: q ``[R, B, Hq, D]``, k/v ``[R, B, Hkv, D]``, request ``i`` the rows ``bounds[i]:bounds[i + 1]``
+    against slot ``slots[i]``. One ``ops.branch_attention`` per request, its batch-1 call."""
+    outs = []
+    for i, slot in enumerate(slots):
+        a, b = bounds[i], bounds[i + 1]
+        k_pre, v_pre = pool.prefix(slot, layer)
+        outs.append(ops.branch_attention(q[a:b], k[a:b], v[a:b], k_pre, v_pre, scale, None))
+    return torch.cat(outs)
+
+
+def request_logits(model, h: Tensor, bounds: list[int], logit_positions: list[Tensor]) -> list[Tensor]:
+    """Each request's logits at its ``logit_positions`` from the final hidden states ``h`` [R, B, C] (the
+    family's shift included): the final norm over every request's rows at once, the LM head per request."""
+    block = int(h.shape[1])
+    flat = torch.cat([p.to(h.device) + bounds[i] * block for i, p in enumerate(logit_positions)])
     normed = model.norm(h.flatten(0, 1).index_select(0, model.logit_rows(flat, block)))
     # the LM head per request: its row count is the request's own (the BLAS rounds a GEMM of 1-3 rows
     # unlike a larger one), so each request's logits are its batch-1 logits bit for bit on the CPU

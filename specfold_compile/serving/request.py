@@ -113,6 +113,11 @@ class RequestDecode:
         self._rows = (rows, parents)
         return rows
 
+    @property
+    def parents(self) -> torch.Tensor:
+        """The parents of the rows of the call in flight (int64 [N]: -1, then each draft's parent row)."""
+        return torch.tensor(self._rows[1], dtype=torch.long)
+
     def logit_positions(self, rows: torch.Tensor) -> torch.Tensor:
         """The flat positions whose logits the call needs: the masked ones (``generate``'s default)."""
         return (rows == self.mask_id).flatten().nonzero().flatten()

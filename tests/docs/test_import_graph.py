@@ -12,7 +12,7 @@ DOCUMENTED = {
     "cli": {"backend", "decoding", "eval", "loading", "models", "tasks"},
     "eval": {"backend", "decoding", "loading", "reference", "tasks"},
     "training": {"decoding", "models", "tasks"},
-    "serving": {"decoding", "models", "ops"},
+    "serving": {"decoding", "models", "ops", "reference"},
     "decoding": {"json_input", "loading", "models"},
     "loading": {"json_input", "models"},
     "reference": {"kernels", "models"},

@@ -205,8 +205,13 @@ def test_pool_sized_by_the_user():
 
 
 def test_engine_arguments(model):
-    with pytest.raises(ValueError, match="mode: 'specfold' .* is not batched yet"):
+    with pytest.raises(ValueError, match=r"^tau: mode='specfold' needs the fold threshold"):
         Engine(model, mode="specfold")
+    with pytest.raises(ValueError, match=r"^tau: only mode='specfold' folds, got mode='spiffy'$"):
+        Engine(model, mode="spiffy", tau=0.1)
+    for bad in (-0.1, float("nan"), "0.1", True):
+        with pytest.raises(ValueError, match=r"^tau: expected a number >= 0"):
+            Engine(model, mode="specfold", tau=bad)
     with pytest.raises(ValueError, match="mode: expected one of"):
         Engine(model, mode="greedy")
     with pytest.raises(ValueError, match="confidence_dtype: expected one of"):
@@ -223,8 +228,10 @@ def test_batched_generate_arguments(model):
     prompts = [_prompt(4), _prompt(9)]
     with pytest.raises(ValueError, match="cuda_graphs: a list of prompts is decoded by the batched engine"):
         specfold_compile.generate(model, prompts, cuda_graphs=True)
-    with pytest.raises(ValueError, match="mode: 'specfold'"):
+    with pytest.raises(ValueError, match=r"^tau: mode='specfold' needs the fold threshold"):
         specfold_compile.generate(model, prompts, mode="specfold")
+    with pytest.raises(ValueError, match="specfold_options: a list of prompts is decoded by the batched engine"):
+        specfold_compile.generate(model, prompts, mode="specfold", tau=0.1, specfold_options={"kernels": "torch"})
     with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
         specfold_compile.generate(model, prompts, colour=1)
     with pytest.raises(TypeError, match=r"prompt_ids\[1\]: expected a 1-D int64 tensor, got list"):

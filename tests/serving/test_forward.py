@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specfold_compile.testing import TINY_FAMILIES as FAMILIES, tiny_model
+from specfold_compile.testing import TINY_FAMILIES as FAMILIES, identity_head, tiny_model
 from specfold_compile.serving.forward import verify_batch, write_blocks
 from specfold_compile.serving.pool import KVPool
 
@@ -25,16 +25,6 @@ def _prefilled(model, pool, lengths, gen):
         caches.append(cache)
         slots.append(slot)
     return caches, slots
-
-
-@contextlib.contextmanager
-def _identity_head(model):
-    """The model's LM head replaced by the identity: both forwards then return the final norm's rows."""
-    model.head = lambda h: h
-    try:
-        yield
-    finally:
-        del model.head
 
 
 @settings(max_examples=12, **HSET)
@@ -55,7 +45,7 @@ def test_verify_batch_is_each_request_alone(family, seed, lengths, counts):
             rows.append(r)
             positions.append((r == mask).flatten().nonzero().flatten())
         for head in (False, True):
-            with contextlib.nullcontext() if head else _identity_head(model):
+            with contextlib.nullcontext() if head else identity_head(model):
                 batched = verify_batch(model, pool, slots, rows, positions)
                 for r, p, cache, got in zip(rows, positions, caches, batched):
                     parents = torch.tensor([-1] + [0] * (r.shape[0] - 1))

@@ -9,7 +9,7 @@ PAGE = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text()
 
 def test_serving_examples_run():
     blocks = re.findall(r"```python\n(.*?)```", PAGE, flags=re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     out = io.StringIO()
     scope: dict = {}
     with contextlib.redirect_stdout(out):
@@ -19,5 +19,9 @@ def test_serving_examples_run():
     assert lines[0] == "[True, True, True]"
     engine, a, b = scope["engine"], scope["a"], scope["b"]
     assert engine.output(a).status == engine.output(b).status == "finished"
-    assert len(lines) == 1 + engine.output(a).result.blocks + engine.output(b).result.blocks + 1
+    assert len(lines) == 1 + engine.output(a).result.blocks + engine.output(b).result.blocks + 1 + 3
     assert engine.pool.free_slots == 4
+    folding = scope["folding"]
+    assert lines[-3:-1] == ["[True, True, True]", "True"]
+    assert lines[-1] == f"recompute ratio {folding.stats.recompute_ratio:.2f}"
+    assert 0 < folding.stats.recompute_ratio < 1 and folding.stats.folded_draft_positions > 0
