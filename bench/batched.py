@@ -16,19 +16,21 @@ that every request's tokens, forwards, blocks and calls equal its record's, and 
 covered exactly the recorded rows.
 
 Arrivals. ``--arrival closed`` (default): ``C`` clients, each sending its next request as soon as its
-last one finished; served as ``max(C, --requests)`` requests queued at t = 0 on an engine of ``C``
-slots, a request's latency measured from its admission (when its client sent it) to its last block.
+last one finished; served as ``max(--requests, --per-slot * C)`` requests (default: 16, and 4 a slot)
+queued at t = 0 on an engine of ``C`` slots, a request's latency measured from its admission (when its
+client sent it) to its last block.
 ``--arrival poisson --rate R``: requests arrive at fixed pseudo-random times (exponential gaps of mean
 ``1/R`` s, seed 0) into an engine of ``C`` slots; latency from arrival (queueing included). Request ``j``
 replays recorded request ``j mod n``. Throughput: all requests' generated tokens over the wall time from
 the first arrival to the last request's end, ``torch.cuda.synchronize()`` at both ends only (each engine
 step reads its confidences back anyway). ``peak_bytes``: ``torch.cuda.max_memory_allocated()`` over a
-timed run (weights, KV pool, activations). Each (mode, concurrency) point is timed ``--repeats`` times
-after one untimed pass of the largest concurrency per mode; the run of median wall time is kept::
+timed run (weights, KV pool, activations). Each (mode, concurrency) point is timed ``--repeats`` times,
+the run of median wall time kept, after one untimed pass per mode at the largest concurrency (as many
+requests as slots)::
 
     python -m bench.batched record --out TRACE.pt [--limit 22] [--tasks math,code,instruct]
     python -m bench.batched replay --trace TRACE.pt --device cuda --models fast-dllm-v2-1.5b \\
-        [--concurrency 1,4,16,64] [--requests 16] [--out FILE]
+        [--concurrency 1,4,16,64] [--requests 16] [--per-slot 4] [--out FILE]
 """
 
 from __future__ import annotations
@@ -111,10 +113,11 @@ def record(args) -> dict:
     model = load_model(args.model, device="cpu")
     cfg = model.config
     graph = resolve_draft_graph(args.model, None)
+    problems = {task: sample(task, "test", args.limit, 0) for task in args.tasks}
     prompts, tasks = [], []
-    for task in args.tasks:
-        for problem in sample(task, "test", args.limit, 0):
-            prompts.append(encode(model, problem.prompt))
+    for i in range(args.limit):  # the tasks in turn, so that any run of requests mixes them
+        for task in args.tasks:
+            prompts.append(encode(model, problems[task][i].prompt))
             tasks.append(task)
     params = RequestParams(max_new_tokens=args.max_new_tokens, draft_budget=args.draft_budget)
     requests = [{"task": t, "prompt": p} for t, p in zip(tasks, prompts)]
@@ -248,11 +251,13 @@ def replay(args, trace: dict, name: str) -> list[dict]:
         recorded = [{"record": r[mode], "forced": _forced(r[mode], table), "prompt": p}
                     for r, p in zip(trace["requests"], prompts)]
 
-        def workload(c: int) -> list[dict]:
-            return [recorded[j % len(recorded)] for j in range(max(c, args.requests))]
-        serve(model, mode, max(args.concurrency), workload(max(args.concurrency)), args, cuda)  # warm-up
+        def workload(n: int) -> list[dict]:
+            return [recorded[j % len(recorded)] for j in range(n)]
+        top = max(args.concurrency)
+        serve(model, mode, top, workload(top), args, cuda)  # warm-up
         for c in args.concurrency:
-            runs = sorted((serve(model, mode, c, workload(c), args, cuda) for _ in range(args.repeats)),
+            n = max(args.requests, args.per_slot * c)
+            runs = sorted((serve(model, mode, c, workload(n), args, cuda) for _ in range(args.repeats)),
                           key=lambda r: r["wall_s"])
             row = {"model": name, "concurrency": c, "mode": mode, **runs[len(runs) // 2], "trace_driven": True,
                    "trace_reproduced": all(r["trace_reproduced"] for r in runs),
@@ -285,7 +290,9 @@ def main(argv=None) -> int:
                     help="replay: integer config fields replacing the presets' (e.g. a tiny preset at the record's "
                          "block size: block_size=32,sub_block_size=8,vocab_size=1040)")
     ap.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)), help="replay: engine slots, comma-separated")
-    ap.add_argument("--requests", type=int, default=16, help="replay: requests a run serves, at least the concurrency")
+    ap.add_argument("--requests", type=int, default=16, help="replay: requests a run serves, at least")
+    ap.add_argument("--per-slot", type=int, default=4,
+                    help="replay: and at least this many times the concurrency (each slot serves several in turn)")
     ap.add_argument("--arrival", default="closed", choices=("closed", "poisson"))
     ap.add_argument("--rate", type=float, default=None, help="--arrival poisson: requests per second")
     ap.add_argument("--repeats", type=int, default=1, help="replay: timed runs a point, the median kept")
@@ -303,8 +310,8 @@ def main(argv=None) -> int:
         args.concurrency = tuple(int(c) for c in args.concurrency.split(","))
     except ValueError:
         ap.error(f"--concurrency: expected INT,..., got {args.concurrency!r}")
-    if min(args.concurrency) < 1 or args.requests < 1 or args.repeats < 1:
-        ap.error("--concurrency, --requests, --repeats: expected ints >= 1")
+    if min(args.concurrency) < 1 or min(args.requests, args.per_slot, args.repeats) < 1:
+        ap.error("--concurrency, --requests, --per-slot, --repeats: expected ints >= 1")
     if args.arrival == "poisson" and not (args.rate and args.rate > 0):
         ap.error("--rate: --arrival poisson expects a rate > 0 (requests per second)")
     if args.device == "cpu" or args.command == "record":
@@ -314,8 +321,9 @@ def main(argv=None) -> int:
     check_output(ap, out)
     return run_command(ap, args, out, record, replay, "batched", lambda trace: {
         "trace": args.trace, "record_model": trace["model"], "recorded_requests": len(trace["requests"]),
-        "requests": args.requests, "arrival": args.arrival, "rate": args.rate, "repeats": args.repeats,
-        "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget, "device": args.device})
+        "requests": args.requests, "per_slot": args.per_slot, "arrival": args.arrival, "rate": args.rate,
+        "repeats": args.repeats, "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
+        "device": args.device})
 
 
 if __name__ == "__main__":

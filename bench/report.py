@@ -393,8 +393,8 @@ SECTIONS = [
 ]
 
 
-# Sections whose result file is not committed yet: rendered once it is (then move them into SECTIONS,
-# whose files tests/docs/test_benchmarks_doc.py requires).
+# Sections whose result file is not committed yet: their command until it is, then their tables (move
+# them into SECTIONS then: tests/docs/test_benchmarks_doc.py requires the files of those).
 PENDING = [
     Section("Many requests at once: the serving engine", "h200/batched.json",
             "python -m bench.batched record --out TRACE.pt, then python -m bench.batched replay --trace TRACE.pt "
@@ -418,6 +418,9 @@ def render(results: Path = RESULTS) -> str:
     for s in SECTIONS + PENDING:
         path = results / s.path
         if not path.exists():
+            if s in PENDING:  # its command, until its file is committed
+                lines += [f"## {s.title}", "", s.what, "", f"- file: `bench/results/{s.path}` (not measured yet)",
+                          f"- command: `{s.command}`", ""]
             continue
         data = json.loads(path.read_text())
         lines += [f"## {s.title}", "", s.what, "",

@@ -29,7 +29,7 @@ def _replay(trace, out, *extra):
 
 
 def test_replay_makes_the_recorded_calls_at_every_concurrency(trace, tmp_path):
-    data = _replay(trace, tmp_path / "rows.json", "--concurrency", "1,3", "--requests", "3")
+    data = _replay(trace, tmp_path / "rows.json", "--concurrency", "1,3", "--requests", "3", "--per-slot", "1")
     record = torch.load(trace, weights_only=False)
     assert record["modes"] == list(SERVING_MODES) and len(record["requests"]) == 2
     spiffy = [r["spiffy"] for r in record["requests"]]
@@ -59,14 +59,14 @@ def test_a_replay_off_its_record_is_not_reproduced(trace, tmp_path):
     call["state"][call["state"] == record["mask_token_id"]] = record["eos_token_id"]  # ends the request early
     path = tmp_path / "bad.pt"
     torch.save(bad, path)
-    rows = _replay(path, tmp_path / "bad.json", "--modes", "vanilla", "--concurrency", "2", "--requests", "2")["rows"]
+    rows = _replay(path, tmp_path / "bad.json", "--modes", "vanilla", "--concurrency", "2", "--requests", "2", "--per-slot", "1")["rows"]
     assert [(r["mode"], r["trace_reproduced"]) for r in rows] == [("vanilla", False)]
     assert rows[0]["verify_calls"] < len(record["requests"][1]["vanilla"]["calls"]) + len(
         record["requests"][0]["vanilla"]["calls"])
 
 
 def test_poisson_arrivals(trace, tmp_path):
-    rows = _replay(trace, tmp_path / "p.json", "--modes", "spiffy", "--concurrency", "2", "--requests", "3",
+    rows = _replay(trace, tmp_path / "p.json", "--modes", "spiffy", "--concurrency", "2", "--requests", "3", "--per-slot", "1",
                    "--arrival", "poisson", "--rate", "50")["rows"]
     assert rows[0]["arrival"] == "poisson 50/s" and rows[0]["trace_reproduced"] is True
     assert rows[0]["wall_s"] > 0 and rows[0]["p99_latency_ms"] > 0
