@@ -86,6 +86,10 @@ class _Forcing:
         super().rows()
         call = self.forced["calls"][len(self.steps)]
         self._rows = (call["rows"], call["parents"])
+        tally, stats = self.tally  # this engine forward's rows and logit positions so far
+        tally.setdefault(stats.verify_calls, [0, 0])
+        tally[stats.verify_calls][0] += int(call["rows"].shape[0])
+        tally[stats.verify_calls][1] += int(call["masked"])
         return call["rows"]
 
     def accept(self, conf_masked, tok_masked):
@@ -145,12 +149,13 @@ def record(args) -> dict:
 
 
 # --- replay --------------------------------------------------------------------------------------
-def _forced(rec: dict, table: torch.Tensor) -> dict:
-    """A recorded request's tensors in the replay model's vocabulary (int64, CPU)."""
+def _forced(rec: dict, table: torch.Tensor, mask: int) -> dict:
+    """A recorded request's tensors in the replay model's vocabulary (int64, CPU); ``masked``: a call's
+    masked positions (``mask``: the record's mask id), whose logits it computes."""
     mapped = lambda t: table[t.long()]  # noqa: E731
     return {"starts": [mapped(s) for s in rec["starts"]],
             "calls": [{"rows": mapped(c["rows"]), "parents": c["parents"], "accepted": c["accepted"],
-                       "state": mapped(c["state"])} for c in rec["calls"]]}
+                       "state": mapped(c["state"]), "masked": int((c["rows"] == mask).sum())} for c in rec["calls"]]}
 
 
 def _arrivals(n: int, args) -> list[float]:
@@ -183,14 +188,14 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
         torch.cuda.reset_peak_memory_stats()
     engine = Engine(model, max_requests=concurrency, max_tokens_per_request=args.capacity, mode=mode,
                     draft_graph=args.graph)
-    pending, decodes, done = deque(range(len(requests))), {}, {}
+    pending, decodes, done, tally = deque(range(len(requests))), {}, {}, {}
     t0 = time.perf_counter()
     while pending or engine.has_work:
         now = time.perf_counter() - t0
         while pending and arrivals[pending[0]] <= now:
             j = pending.popleft()
             decode = _as(engine.new_decode(requests[j]["prompt"], params), _Forcing)
-            decode.forced = requests[j]["forced"]
+            decode.forced, decode.tally = requests[j]["forced"], (tally, engine.stats)
             decodes[engine.submit(decode)] = (j, decode)
         if not engine.has_work:
             time.sleep(max(0.0, arrivals[pending[0]] - now))
@@ -224,7 +229,9 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
             "tokens": tokens, "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
             "pool_bytes": engine.pool.nbytes(), "verify_calls": st.verify_calls,
             "rows_per_forward": st.verify_rows / max(1, st.verify_calls),
-            "requests_per_forward": st.verify_requests / max(1, st.verify_calls), "trace_reproduced": reproduced}
+            "requests_per_forward": st.verify_requests / max(1, st.verify_calls),
+            "max_rows_per_forward": max((t[0] for t in tally.values()), default=0),
+            "max_logit_positions": max((t[1] for t in tally.values()), default=0), "trace_reproduced": reproduced}
 
 
 def replay(args, trace: dict, name: str) -> list[dict]:
@@ -248,7 +255,7 @@ def replay(args, trace: dict, name: str) -> list[dict]:
     for mode in args.modes:
         if mode not in trace["modes"]:
             raise SystemExit(f"--modes {mode}: the record has {trace['modes']} (record again with the mode served)")
-        recorded = [{"record": r[mode], "forced": _forced(r[mode], table), "prompt": p}
+        recorded = [{"record": r[mode], "forced": _forced(r[mode], table, trace["mask_token_id"]), "prompt": p}
                     for r, p in zip(trace["requests"], prompts)]
 
         def workload(n: int) -> list[dict]:

@@ -288,12 +288,12 @@ def render_batched_headline(data: dict) -> list[str]:
 def render_batched(data: dict) -> list[str]:
     rows = [[SHAPES.get(r["model"], r["model"]), E2E_MODES.get(r["mode"], r["mode"]), str(r["concurrency"]),
              str(r["requests"]), f"{r['tokens_per_s']:.0f}", _f(r["p50_latency_ms"], 1), _f(r["p99_latency_ms"], 1),
-             _f(r["rows_per_forward"], 1), _gib(r["peak_bytes"]), _gib(r["pool_bytes"]),
+             f"{r['rows_per_forward']:.1f} / {r['max_rows_per_forward']}", _gib(r["peak_bytes"]), _gib(r["pool_bytes"]),
              "yes" if r["trace_reproduced"] else "NO"] for r in data["rows"]]
     arrival = data["rows"][0]["arrival"]
     return ([f"Arrivals: {arrival}.", ""]
             + _table(["shape", "mode", "concurrency", "requests", "tokens/s", "p50 latency (ms)", "p99 latency (ms)",
-                      "rows per forward", "peak memory (GiB)", "KV pool (GiB)", "trace reproduced"], rows) + [""])
+                      "rows per forward (mean / max)", "peak memory (GiB)", "KV pool (GiB)", "trace reproduced"], rows) + [""])
 
 
 def render_eval(data: dict) -> list[str]:

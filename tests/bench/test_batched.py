@@ -48,6 +48,11 @@ def test_replay_makes_the_recorded_calls_at_every_concurrency(trace, tmp_path):
             assert r["verify_calls"] == calls and r["requests_per_forward"] == 1
         else:  # batched: fewer forwards, the same rows
             assert r["verify_calls"] < calls and r["requests_per_forward"] > 1
+        biggest = max(int(c["rows"].shape[0]) for x in recs for c in x["calls"])
+        assert r["max_rows_per_forward"] >= biggest and r["max_rows_per_forward"] >= r["rows_per_forward"]
+        if r["concurrency"] == 1:  # one request a forward: its biggest call
+            assert r["max_rows_per_forward"] == biggest
+        assert 0 < r["max_logit_positions"] <= 32 * r["max_rows_per_forward"]
         assert r["rows_per_forward"] * r["verify_calls"] == pytest.approx(
             sum(int(c["rows"].shape[0]) for x in recs for c in x["calls"]))
 
@@ -91,6 +96,7 @@ def _fake_rows() -> list[dict]:
                 rows.append({"model": model, "concurrency": c, "mode": mode, "tokens_per_s": 100.0 * scale * gain * c,
                              "p50_latency_ms": 10.0 * c, "p99_latency_ms": 20.0 * c, "peak_bytes": 3 * 2**30,
                              "pool_bytes": 2**30, "requests": max(16, c), "rows_per_forward": 2.0 * c,
+                             "max_rows_per_forward": 3 * c,
                              "trace_driven": True, "trace_reproduced": True, "arrival": "closed"})
     return rows
 
@@ -105,7 +111,7 @@ def test_plot_and_report_render_from_a_results_file(tmp_path):
     assert table[2:4] == ["| 1.5B | 1 | 200 | 10 / 20 | 300 | 10 / 20 |", "| 1.5B | 4 | 800 | 40 / 80 | 1200 | 40 / 80 |"]
     assert len(table) == 2 + 8
     page = report.render(tmp_path)
-    assert "## Many requests at once" in page and "| 7B | Spiffy, eager | 64 | 64 | 9600 | 640.0 | 1280.0 | 128.0 | 3.0" \
+    assert "## Many requests at once" in page and "| 7B | Spiffy, eager | 64 | 64 | 9600 | 640.0 | 1280.0 | 128.0 / 192 | 3.0" \
         in page and "batched.png" in page
     # merging runs keeps every concurrency (a point is model, mode, concurrency)
     other = tmp_path / "other.json"
