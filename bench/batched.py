@@ -36,6 +36,7 @@ requests as slots)::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -100,9 +101,14 @@ class _Forcing:
         self.state = call["state"].clone()
 
 
+@functools.cache
+def _subclass(mixin: type, cls: type) -> type:
+    return type(mixin.__name__ + cls.__name__, (mixin, cls), {})
+
+
 def _as(decode, mixin):
     """``decode`` (the engine's decode state, whatever its class) turned into a ``mixin`` subclass of it."""
-    decode.__class__ = type(mixin.__name__ + type(decode).__name__, (mixin, type(decode)), {})
+    decode.__class__ = _subclass(mixin, type(decode))
     return decode
 
 
@@ -116,7 +122,8 @@ def record(args) -> dict:
 
     model = load_model(args.model, device="cpu")
     cfg = model.config
-    graph = resolve_draft_graph(args.model, None)
+    path = resolve_draft_graph(args.model, None)  # kept in the record, which may be replayed elsewhere
+    graph = None if path is None else json.loads(Path(path).read_text())
     problems = {task: sample(task, "test", args.limit, 0) for task in args.tasks}
     prompts, tasks = [], []
     for i in range(args.limit):  # the tasks in turn, so that any run of requests mixes them
