@@ -28,7 +28,7 @@ timed run (weights, KV pool, activations). Each (mode, concurrency) point is tim
 the run of median wall time kept, after one untimed pass per mode at the largest concurrency (as many
 requests as slots)::
 
-    python -m bench.batched record --out TRACE.pt [--limit 22] [--tasks math,code,instruct]
+    python -m bench.batched record --out TRACE.pt [--limit 22] [--tasks math,code,instruct] [--no-eos-stop]
     python -m bench.batched replay --trace TRACE.pt --device cuda --models fast-dllm-v2-1.5b \\
         [--concurrency 1,4,16,64] [--requests 16] [--per-slot 4] [--out FILE]
 """
@@ -130,9 +130,11 @@ def record(args) -> dict:
         for task in args.tasks:
             prompts.append(encode(model, problems[task][i].prompt))
             tasks.append(task)
-    params = RequestParams(max_new_tokens=args.max_new_tokens, draft_budget=args.draft_budget)
+    params = RequestParams(max_new_tokens=args.max_new_tokens, draft_budget=args.draft_budget,
+                           stop_at_eos=not args.no_eos_stop)
     requests = [{"task": t, "prompt": p} for t, p in zip(tasks, prompts)]
-    for mode in args.modes:
+    modes = args.modes or serving_modes()
+    for mode in modes:
         engine = Engine(model, max_requests=min(args.record_slots, len(prompts)), mode=mode, draft_graph=graph,
                         max_tokens_per_request=_positions_needed(model, prompts, args.max_new_tokens))
         decodes = []
@@ -149,10 +151,10 @@ def record(args) -> dict:
         calls = sum(len(r[mode]["calls"]) for r in requests)
         print(f"recorded {mode}: {len(requests)} requests, {calls} calls, {engine.stats.verify_calls} engine "
               "forwards", flush=True)
-    return {"model": args.model or "specfold-tiny", "modes": list(args.modes), "draft_graph": graph,
+    return {"model": args.model or "specfold-tiny", "modes": list(modes), "draft_graph": graph,
             "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
-            "mask_token_id": cfg.mask_token_id, "eos_token_id": cfg.eos_token_id, "vocab_size": cfg.vocab_size,
-            "block_size": cfg.block_size, "family": cfg.family, "requests": requests}
+            "stop_at_eos": not args.no_eos_stop, "mask_token_id": cfg.mask_token_id, "eos_token_id": cfg.eos_token_id,
+            "vocab_size": cfg.vocab_size, "block_size": cfg.block_size, "family": cfg.family, "requests": requests}
 
 
 # --- replay --------------------------------------------------------------------------------------
@@ -188,7 +190,8 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
     ``concurrency`` slots as they arrive; the row's numbers and whether every request followed its record."""
     from specfold_compile.serving import Engine, RequestParams
 
-    params = RequestParams(max_new_tokens=args.max_new_tokens, draft_budget=args.draft_budget)
+    params = RequestParams(max_new_tokens=args.max_new_tokens, draft_budget=args.draft_budget,
+                           stop_at_eos=args.stop_at_eos)
     arrivals = _arrivals(len(requests), args)
     if cuda:
         torch.cuda.synchronize()
@@ -255,11 +258,11 @@ def replay(args, trace: dict, name: str) -> list[dict]:
         raise SystemExit(f"--models {name}: a {cfg.family} model lays prompts out unlike the record's "
                          f"{trace['family']} model")
     args.table = table = token_map(trace, cfg)
-    args.graph = trace["draft_graph"]
+    args.graph, args.stop_at_eos = trace["draft_graph"], trace["stop_at_eos"]
     prompts = [table[r["prompt"]] for r in trace["requests"]]  # the engine moves its prefill ids
     args.capacity = _positions_needed(model, prompts, args.max_new_tokens)
     rows = []
-    for mode in args.modes:
+    for mode in args.modes or [m for m in trace["modes"] if m in serving_modes()]:
         if mode not in trace["modes"]:
             raise SystemExit(f"--modes {mode}: the record has {trace['modes']} (record again with the mode served)")
         recorded = [{"record": r[mode], "forced": _forced(r[mode], table, trace["mask_token_id"]), "prompt": p}
@@ -298,7 +301,10 @@ def main(argv=None) -> int:
     ap.add_argument("--record-slots", type=int, default=8, help="record: the engine's slots")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--draft-budget", type=int, default=16)
-    ap.add_argument("--modes", default=None, help="comma-separated (default: every serving mode)")
+    ap.add_argument("--no-eos-stop", action="store_true",
+                    help="record: every request decodes all --max-new-tokens (the shipped model's answers are short)")
+    ap.add_argument("--modes", default=None,
+                    help="comma-separated (default: record every serving mode, replay every recorded one)")
     ap.add_argument("--models", default="fast-dllm-v2-1.5b", help="replay: comma-separated presets")
     ap.add_argument("--override", default="", metavar="FIELD=INT,...",
                     help="replay: integer config fields replacing the presets' (e.g. a tiny preset at the record's "
@@ -316,9 +322,10 @@ def main(argv=None) -> int:
         ap.error("--device cuda: no CUDA device here")
     modes = serving_modes()
     args.tasks = tuple(args.tasks.split(","))
-    args.modes = modes if args.modes is None else tuple(args.modes.split(","))
-    if sorted(set(args.modes) - set(modes)):
-        ap.error(f"--modes: expected names among {list(modes)} (serving.SERVING_MODES), got {list(args.modes)}")
+    if args.modes is not None:
+        args.modes = tuple(args.modes.split(","))
+        if sorted(set(args.modes) - set(modes)):
+            ap.error(f"--modes: expected names among {list(modes)} (serving.SERVING_MODES), got {list(args.modes)}")
     args.override = parse_override(ap, args.override)
     try:
         args.concurrency = tuple(int(c) for c in args.concurrency.split(","))
@@ -337,7 +344,7 @@ def main(argv=None) -> int:
         "trace": args.trace, "record_model": trace["model"], "recorded_requests": len(trace["requests"]),
         "requests": args.requests, "per_slot": args.per_slot, "arrival": args.arrival, "rate": args.rate,
         "repeats": args.repeats, "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
-        "device": args.device})
+        "stop_at_eos": trace["stop_at_eos"], "device": args.device})
 
 
 if __name__ == "__main__":

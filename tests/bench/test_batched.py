@@ -77,6 +77,14 @@ def test_poisson_arrivals(trace, tmp_path):
     assert rows[0]["wall_s"] > 0 and rows[0]["p99_latency_ms"] > 0
 
 
+def test_requests_decode_every_token_without_the_eos_stop(tmp_path):
+    path = tmp_path / "long.pt"
+    assert batched.main(["record", "--limit", "1", "--tasks", "math", "--max-new-tokens", "40", "--no-eos-stop",
+                         "--modes", "spiffy", "--out", str(path)]) == 0
+    (row,) = _replay(path, tmp_path / "long.json", "--concurrency", "2", "--requests", "2", "--per-slot", "1")["rows"]
+    assert row["trace_reproduced"] is True and row["tokens"] == 2 * 40
+
+
 def test_argument_errors(trace, tmp_path, capsys):
     for argv, word in ((["--modes", "dense"], "--modes"), (["--arrival", "poisson"], "--rate"),
                        (["--concurrency", "0"], "--concurrency")):
