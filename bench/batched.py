@@ -13,7 +13,8 @@ real request), then the recorded rows go into the batched forward and the record
 So every request makes exactly its recorded calls (rows, parents, accepted drafts, block writes, tokens)
 at the real shape's cost, next to whichever requests share its engine steps. ``trace_reproduced`` says
 that every request's tokens, forwards, blocks and calls equal its record's, and the engine's forwards
-covered exactly the recorded rows.
+covered exactly the recorded rows. ``spiffy_compiled`` replays the Spiffy record with the decoder
+layers' position-wise pieces compiled (``replay_modes``).
 
 Arrivals. ``--arrival closed`` (default): ``C`` clients, each sending its next request as soon as its
 last one finished; served as ``max(--requests, --per-slot * C)`` requests (default: 16, and 4 a slot)
@@ -25,8 +26,8 @@ replays recorded request ``j mod n``. Throughput: all requests' generated tokens
 the first arrival to the last request's end, ``torch.cuda.synchronize()`` at both ends only (each engine
 step reads its confidences back anyway). ``peak_bytes``: ``torch.cuda.max_memory_allocated()`` over a
 timed run (weights, KV pool, activations). Each (mode, concurrency) point is timed ``--repeats`` times,
-the run of median wall time kept, after one untimed pass per mode at the largest concurrency (as many
-requests as slots)::
+the run of median wall time kept, after untimed passes per mode at the largest concurrency (as many
+requests as slots) and at concurrency 1 (two requests; compiles happen there)::
 
     python -m bench.batched record --out TRACE.pt [--limit 22] [--tasks math,code,instruct] [--no-eos-stop]
     python -m bench.batched replay --trace TRACE.pt --device cuda --models fast-dllm-v2-1.5b \\
@@ -36,6 +37,7 @@ requests as slots)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -52,11 +54,41 @@ from bench.trace_driven import parse_override, run_command, token_map
 CONCURRENCY = (1, 4, 16, 64)
 
 
+COMPILED = "_compiled"  # a mode's suffix: the model's position-wise layers compiled by Inductor
+POSITION_WISE = ("qkv", "attn_out", "mlp_out")  # DecoderLayer's pieces the engine runs over all rows at once
+
+
 def serving_modes() -> tuple[str, ...]:
     """The modes the engine serves: each gets its rows (SpecFold's appear once the engine takes it)."""
     from specfold_compile.serving import SERVING_MODES
 
     return tuple(SERVING_MODES)
+
+
+def replay_modes() -> tuple[str, ...]:
+    """The served modes and ``spiffy_compiled``: the engine's Spiffy with every decoder layer's
+    position-wise pieces (norms, q/k/v and output projections, RoPE, MLP) compiled by Inductor with
+    dynamic shapes; attention and the LM head run eagerly per request, as the engine runs them."""
+    served = serving_modes()
+    return served + tuple(m + COMPILED for m in ("spiffy",) if m in served)
+
+
+class _compiled_layers:
+    """Inside: each decoder layer's ``POSITION_WISE`` methods of ``model`` are ``torch.compile``d
+    (``dynamic=True``; one graph a method serves every layer); on exit the layers' own methods again."""
+
+    def __init__(self, model, backend: str):
+        self.model, self.backend = model, backend
+
+    def __enter__(self):
+        for layer in self.model.layers:
+            for name in POSITION_WISE:
+                setattr(layer, name, torch.compile(getattr(layer, name), dynamic=True, backend=self.backend))
+
+    def __exit__(self, *exc):
+        for layer in self.model.layers:
+            for name in POSITION_WISE:
+                delattr(layer, name)  # the instance attribute: the class's method shows again
 
 
 # --- decode states that record, and that force, a request's steps -----------------------------------
@@ -262,26 +294,32 @@ def replay(args, trace: dict, name: str) -> list[dict]:
     prompts = [table[r["prompt"]] for r in trace["requests"]]  # the engine moves its prefill ids
     args.capacity = _positions_needed(model, prompts, args.max_new_tokens)
     rows = []
-    for mode in args.modes or [m for m in trace["modes"] if m in serving_modes()]:
-        if mode not in trace["modes"]:
+    recorded_modes = [m for m in trace["modes"] if m in serving_modes()]
+    for mode in args.modes or recorded_modes + [m + COMPILED for m in recorded_modes if m + COMPILED in replay_modes()]:
+        kind = mode.removesuffix(COMPILED)  # the engine's mode, and the record's
+        if kind not in trace["modes"]:
             raise SystemExit(f"--modes {mode}: the record has {trace['modes']} (record again with the mode served)")
-        recorded = [{"record": r[mode], "forced": _forced(r[mode], table, trace["mask_token_id"]), "prompt": p}
+        recorded = [{"record": r[kind], "forced": _forced(r[kind], table, trace["mask_token_id"]), "prompt": p}
                     for r, p in zip(trace["requests"], prompts)]
 
         def workload(n: int) -> list[dict]:
             return [recorded[j % len(recorded)] for j in range(n)]
-        top = max(args.concurrency)
-        serve(model, mode, top, workload(top), args, cuda)  # warm-up
-        for c in args.concurrency:
-            n = max(args.requests, args.per_slot * c)
-            runs = sorted((serve(model, mode, c, workload(n), args, cuda) for _ in range(args.repeats)),
-                          key=lambda r: r["wall_s"])
-            row = {"model": name, "concurrency": c, "mode": mode, **runs[len(runs) // 2], "trace_driven": True,
-                   "trace_reproduced": all(r["trace_reproduced"] for r in runs),
-                   "arrival": args.arrival if args.arrival == "closed" else f"poisson {args.rate:g}/s",
-                   "record": {"model": trace["model"], "mode": mode}}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        with _compiled_layers(model, args.compile_backend) if mode != kind else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            # warm-up (compiles; a single request's row counts of 1 too, which dynamic shapes specialize)
+            for c in sorted({max(args.concurrency), 1}, reverse=True):
+                serve(model, kind, c, workload(max(c, 2)), args, cuda)
+            warm_s = time.perf_counter() - t0
+            for c in args.concurrency:
+                n = max(args.requests, args.per_slot * c)
+                runs = sorted((serve(model, kind, c, workload(n), args, cuda) for _ in range(args.repeats)),
+                              key=lambda r: r["wall_s"])
+                row = {"model": name, "concurrency": c, "mode": mode, **runs[len(runs) // 2], "trace_driven": True,
+                       "trace_reproduced": all(r["trace_reproduced"] for r in runs), "warmup_s": warm_s,
+                       "arrival": args.arrival if args.arrival == "closed" else f"poisson {args.rate:g}/s",
+                       "record": {"model": trace["model"], "mode": kind}}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
         if cuda:
             torch.cuda.empty_cache()
     return rows
@@ -304,7 +342,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-eos-stop", action="store_true",
                     help="record: every request decodes all --max-new-tokens (the shipped model's answers are short)")
     ap.add_argument("--modes", default=None,
-                    help="comma-separated (default: record every serving mode, replay every recorded one)")
+                    help="comma-separated (default: record every serving mode; replay every recorded one and "
+                         "spiffy_compiled)")
     ap.add_argument("--models", default="fast-dllm-v2-1.5b", help="replay: comma-separated presets")
     ap.add_argument("--override", default="", metavar="FIELD=INT,...",
                     help="replay: integer config fields replacing the presets' (e.g. a tiny preset at the record's "
@@ -316,16 +355,19 @@ def main(argv=None) -> int:
     ap.add_argument("--arrival", default="closed", choices=("closed", "poisson"))
     ap.add_argument("--rate", type=float, default=None, help="--arrival poisson: requests per second")
     ap.add_argument("--repeats", type=int, default=1, help="replay: timed runs a point, the median kept")
+    ap.add_argument("--compile-backend", default="inductor",
+                    help="replay: torch.compile's backend for the *_compiled modes")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device here")
-    modes = serving_modes()
+    modes = serving_modes() if args.command == "record" else replay_modes()
     args.tasks = tuple(args.tasks.split(","))
     if args.modes is not None:
         args.modes = tuple(args.modes.split(","))
         if sorted(set(args.modes) - set(modes)):
-            ap.error(f"--modes: expected names among {list(modes)} (serving.SERVING_MODES), got {list(args.modes)}")
+            ap.error(f"--modes: expected names among {list(modes)} (serving.SERVING_MODES, and *_compiled in replay), "
+                     f"got {list(args.modes)}")
     args.override = parse_override(ap, args.override)
     try:
         args.concurrency = tuple(int(c) for c in args.concurrency.split(","))

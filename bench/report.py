@@ -405,7 +405,8 @@ PENDING = [
             "model's request served through the engine (trace reproduced: every request did). Closed arrivals: C "
             "clients, each sending its next request as its last one ends; "
             "tokens/s: all requests' tokens over the wall time, latency per request from its admission; peak "
-            "memory: `torch.cuda.max_memory_allocated()` (weights, KV pool, activations).",
+            "memory: `torch.cuda.max_memory_allocated()` (weights, KV pool, activations). Spiffy, Inductor: the "
+            "decoder layers' position-wise pieces under `torch.compile(dynamic=True)`, attention eager.",
             render_batched),
 ]
 

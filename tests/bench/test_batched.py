@@ -12,7 +12,8 @@ from specfold_compile.serving import SERVING_MODES
 
 FIELDS = {"model", "concurrency", "mode", "tokens_per_s", "p50_latency_ms", "p99_latency_ms", "peak_bytes",
           "trace_driven", "trace_reproduced", "requests", "tokens", "verify_calls", "rows_per_forward"}
-TINY = ["--models", "tiny-fast-dllm-v2", "--override", "block_size=32,sub_block_size=8,vocab_size=1040"]
+TINY = ["--models", "tiny-fast-dllm-v2", "--override", "block_size=32,sub_block_size=8,vocab_size=1040",
+        "--compile-backend", "eager"]  # Dynamo's graphs run eagerly: the compiled mode's path, no Inductor build
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +38,12 @@ def test_replay_makes_the_recorded_calls_at_every_concurrency(trace, tmp_path):
     assert any(c["rows"].shape[0] > 1 for r in spiffy for c in r["calls"])
     rows = data["rows"]
     assert data["suite"] == "batched" and "torch" in data["versions"]
-    assert [(r["mode"], r["concurrency"]) for r in rows] == [(m, c) for m in SERVING_MODES for c in (1, 3)]
+    modes = list(SERVING_MODES) + ["spiffy_compiled"]
+    assert [(r["mode"], r["concurrency"]) for r in rows] == [(m, c) for m in modes for c in (1, 3)]
     for r in rows:
         assert FIELDS <= set(r) and r["trace_driven"] is True and r["trace_reproduced"] is True, r
         assert r["requests"] == 3 and r["tokens_per_s"] > 0 and 0 < r["p50_latency_ms"] <= r["p99_latency_ms"]
-        recs = [record["requests"][j % 2][r["mode"]] for j in range(3)]
+        recs = [record["requests"][j % 2][r["mode"].removesuffix("_compiled")] for j in range(3)]
         assert r["tokens"] == sum(len(x["tokens"]) for x in recs)
         calls = sum(len(x["calls"]) for x in recs)
         if r["concurrency"] == 1:  # one request at a time: one forward a recorded call
@@ -81,8 +83,19 @@ def test_requests_decode_every_token_without_the_eos_stop(tmp_path):
     path = tmp_path / "long.pt"
     assert batched.main(["record", "--limit", "1", "--tasks", "math", "--max-new-tokens", "40", "--no-eos-stop",
                          "--modes", "spiffy", "--out", str(path)]) == 0
-    (row,) = _replay(path, tmp_path / "long.json", "--concurrency", "2", "--requests", "2", "--per-slot", "1")["rows"]
-    assert row["trace_reproduced"] is True and row["tokens"] == 2 * 40
+    rows = _replay(path, tmp_path / "long.json", "--concurrency", "2", "--requests", "2", "--per-slot", "1")["rows"]
+    assert [r["mode"] for r in rows] == ["spiffy", "spiffy_compiled"]  # the recorded mode, and compiled
+    assert all(r["trace_reproduced"] is True and r["tokens"] == 2 * 40 for r in rows)
+
+
+def test_compiled_layers_are_the_models_own_again_after():
+    from specfold_compile.models import build
+
+    model = build("tiny-fast-dllm-v2", seed=0)
+    with batched._compiled_layers(model, "eager"):
+        assert all(name in layer.__dict__ for layer in model.layers for name in batched.POSITION_WISE)
+    assert not any(name in layer.__dict__ for layer in model.layers for name in batched.POSITION_WISE)
+    assert model.layers[0].qkv.__func__ is type(model.layers[0]).qkv
 
 
 def test_argument_errors(trace, tmp_path, capsys):
