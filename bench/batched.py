@@ -276,6 +276,13 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
             "max_logit_positions": max((t[1] for t in tally.values()), default=0), "trace_reproduced": reproduced}
 
 
+def _graphs_compiled() -> int:
+    """Graphs Dynamo has compiled in this process (a timed run that adds some paid for compiling)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def replay(args, trace: dict, name: str) -> list[dict]:
     """Every mode and concurrency on a random model of preset ``name`` (bf16 on CUDA, float32 on the CPU)."""
     from specfold_compile.models import build
@@ -311,11 +318,12 @@ def replay(args, trace: dict, name: str) -> list[dict]:
                 serve(model, kind, c, workload(max(c, 2)), args, cuda)
             warm_s = time.perf_counter() - t0
             for c in args.concurrency:
-                n = max(args.requests, args.per_slot * c)
+                n, graphs = max(args.requests, args.per_slot * c), _graphs_compiled()
                 runs = sorted((serve(model, kind, c, workload(n), args, cuda) for _ in range(args.repeats)),
                               key=lambda r: r["wall_s"])
                 row = {"model": name, "concurrency": c, "mode": mode, **runs[len(runs) // 2], "trace_driven": True,
                        "trace_reproduced": all(r["trace_reproduced"] for r in runs), "warmup_s": warm_s,
+                       "compiles_while_timed": _graphs_compiled() - graphs,
                        "arrival": args.arrival if args.arrival == "closed" else f"poisson {args.rate:g}/s",
                        "record": {"model": trace["model"], "mode": kind}}
                 rows.append(row)
