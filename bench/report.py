@@ -397,9 +397,10 @@ SECTIONS = [
 # them into SECTIONS then: tests/docs/test_benchmarks_doc.py requires the files of those).
 PENDING = [
     Section("Many requests at once: the serving engine", "h200/batched.json",
-            "python -m bench.batched record --out TRACE.pt, then python -m bench.batched replay --trace TRACE.pt "
-            "--device cuda --models MODEL --concurrency 1,4,16,64 (one run per shape), merged with python -m "
-            "bench.plot bench/results/h200/batched.json RUN.json ...",
+            "python -m bench.batched record --out batched_trace.pt, then python -m bench.batched replay --trace "
+            "batched_trace.pt --device cuda --models MODEL --concurrency 1,4,16,64 --out RUN.json (one run per "
+            "shape: fast-dllm-v2-1.5b, fast-dllm-v2-7b), merged with python -m bench.plot "
+            "bench/results/h200/batched.json RUN.json ...",
             "The serving `Engine` (docs/serving.md) at each concurrency C (its slots), random bf16 weights of the "
             "real shapes, trace-driven: every request makes the calls, accepted drafts and tokens of the shipped "
             "model's request served through the engine (trace reproduced: every request did). Closed arrivals: C "
