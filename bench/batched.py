@@ -315,12 +315,21 @@ def replay(args, trace: dict, name: str) -> list[dict]:
             t0 = time.perf_counter()
             # warm-up (compiles; a single request's row counts of 1 too, which dynamic shapes specialize)
             for c in sorted({max(args.concurrency), 1}, reverse=True):
-                serve(model, kind, c, workload(max(c, 2)), args, cuda)
+                try:
+                    serve(model, kind, c, workload(max(c, 2)), args, cuda)
+                except torch.OutOfMemoryError:  # the timed point will say so
+                    torch.cuda.empty_cache()
             warm_s = time.perf_counter() - t0
             for c in args.concurrency:
                 n, graphs = max(args.requests, args.per_slot * c), _graphs_compiled()
-                runs = sorted((serve(model, kind, c, workload(n), args, cuda) for _ in range(args.repeats)),
-                              key=lambda r: r["wall_s"])
+                try:
+                    runs = sorted((serve(model, kind, c, workload(n), args, cuda) for _ in range(args.repeats)),
+                                  key=lambda r: r["wall_s"])
+                except torch.OutOfMemoryError as exc:  # this point has no row; the file's setup names it
+                    args.out_of_memory.append({"model": name, "mode": mode, "concurrency": c})
+                    print(f"{name} {mode} at concurrency {c}: out of memory ({str(exc).splitlines()[0]})", flush=True)
+                    torch.cuda.empty_cache()
+                    continue
                 row = {"model": name, "concurrency": c, "mode": mode, **runs[len(runs) // 2], "trace_driven": True,
                        "trace_reproduced": all(r["trace_reproduced"] for r in runs), "warmup_s": warm_s,
                        "compiles_while_timed": _graphs_compiled() - graphs,
@@ -390,11 +399,12 @@ def main(argv=None) -> int:
     out = args.out or str(Path(os.environ.get("OUT") or ".") / ("batched_trace.pt" if args.command == "record"
                                                                    else "batched.json"))
     check_output(ap, out)
+    args.out_of_memory = []
     return run_command(ap, args, out, record, replay, "batched", lambda trace: {
         "trace": args.trace, "record_model": trace["model"], "recorded_requests": len(trace["requests"]),
         "requests": args.requests, "per_slot": args.per_slot, "arrival": args.arrival, "rate": args.rate,
         "repeats": args.repeats, "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
-        "stop_at_eos": trace["stop_at_eos"], "device": args.device})
+        "stop_at_eos": trace["stop_at_eos"], "device": args.device, "out_of_memory": args.out_of_memory})
 
 
 if __name__ == "__main__":

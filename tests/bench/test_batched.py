@@ -89,6 +89,20 @@ def test_requests_decode_every_token_without_the_eos_stop(tmp_path):
     assert all(r["trace_reproduced"] is True and r["tokens"] == 2 * 40 for r in rows)
 
 
+def test_a_point_out_of_memory_is_named_and_the_others_run(trace, tmp_path, monkeypatch):
+    serve = batched.serve
+
+    def failing(model, mode, concurrency, *args):
+        if concurrency == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB")
+        return serve(model, mode, concurrency, *args)
+    monkeypatch.setattr(batched, "serve", failing)
+    data = _replay(trace, tmp_path / "oom.json", "--modes", "vanilla", "--concurrency", "1,3,2", "--per-slot", "1",
+                   "--requests", "2")
+    assert [r["concurrency"] for r in data["rows"]] == [1, 2]
+    assert data["setup"]["out_of_memory"] == [{"model": "tiny-fast-dllm-v2", "mode": "vanilla", "concurrency": 3}]
+
+
 def test_compiled_layers_are_the_models_own_again_after():
     from specfold_compile.models import build
 
