@@ -52,8 +52,6 @@ from bench.common import check_output
 from bench.trace_driven import parse_override, run_command, token_map
 
 CONCURRENCY = (1, 4, 16, 64)
-
-
 COMPILED = "_compiled"  # a mode's suffix: the model's position-wise layers compiled by Inductor
 POSITION_WISE = ("qkv", "attn_out", "mlp_out")  # DecoderLayer's pieces the engine runs over all rows at once
 
