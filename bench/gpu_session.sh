@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|cli [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|cli [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -119,6 +119,16 @@ case "$part" in
                       "${flag[@]}" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
                     rm -f "$OUT/logits_$f/per_check.png"
                   done ;;
+  batched)        # the serving engine trace-driven (bench/batched.py, docs/serving.md): the record on the CPU, then
+                  # each shape at concurrency 1, 4, 16, 64, vanilla and Spiffy (and SpecFold once the engine serves
+                  # it); ARGS go to the replays; one shape per call: BATCHED_MODELS=fast-dllm-v2-7b bash ... batched
+                  [ -f "$OUT/batched_trace.pt" ] || python -m bench.batched record --out "$OUT/batched_trace.pt" 2>&1 \
+                    | tee -a "$OUT/log.txt"
+                  for m in ${BATCHED_MODELS:-fast-dllm-v2-1.5b fast-dllm-v2-7b}; do
+                    python -m bench.batched replay --trace "$OUT/batched_trace.pt" --device cuda --models "$m" \
+                      --out "$OUT/batched_$m.json" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
+                  done
+                  python -m bench.plot "$OUT/batched.json" "$OUT"/batched_fast-dllm-v2-*.json ;;
   cli)            # the command line on the GPU, from the source tree: `specfold generate` on the first
                   # demo problem, Spiffy and SpecFold, tau 0 and 0.1, launched, with --cuda-graphs and with
                   # --compile-writes (SpecFold); per run its rc, the md5 and first line of the text before the

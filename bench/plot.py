@@ -5,7 +5,9 @@
   memory      memory one verification forward adds, dense and SpecFold, against a per-branch copy of the
               prefix cache;
   end_to_end  tokens/s per task and mode: measured on the trained tiny model, and projected to the real
-              shapes (one panel per shape and latency).
+              shapes (one panel per shape and latency);
+  batched     the serving engine's throughput against concurrency, a line per mode, one panel per model
+              (bench/batched.py).
 
 ``python -m bench.plot RESULT.json`` plots any of these (by the JSON's "suite"), writing RESULT.png;
 ``python -m bench.plot OUT.json IN1.json IN2.json ...`` first merges the rows of several runs of one
@@ -216,8 +218,31 @@ def plot_end_to_end(path: str | Path) -> Path:
     return _save(fig, path)
 
 
+def plot_batched(path: str | Path) -> Path:
+    """Throughput (generated tokens/s over all requests) against concurrency: one panel per model, a line
+    per mode (each mode one colour in every panel), concurrency on a log2 axis."""
+    path = Path(path)
+    rows = _rows(path)
+    models = _in_order(r["model"] for r in rows)
+    colours = _colours(_in_order(r["mode"] for r in rows))
+    fig, axes = _subplots(len(models), 3, 5.0, 3.8)
+    for ax, model in zip(axes, models):
+        for mode, colour in colours.items():
+            points = sorted((r["concurrency"], r["tokens_per_s"]) for r in rows if (r["model"], r["mode"]) == (model, mode))
+            if points:
+                ax.plot(*zip(*points), marker="o", color=colour)
+        ax.set_xscale("log", base=2)
+        ticks = sorted({r["concurrency"] for r in rows if r["model"] == model})
+        ax.set_xticks(ticks, [str(c) for c in ticks])
+        ax.set_title(f"{model}, trace-driven" if all(r.get("trace_driven") for r in rows) else model, fontsize=10)
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel("generated tokens/s (all requests)")
+    _figure_legend(fig, colours)
+    return _save(fig, path)
+
+
 PLOTS = {"per_check": plot_per_check, "breakdown": plot_breakdown, "memory": plot_memory,
-         "end_to_end": plot_end_to_end}
+         "end_to_end": plot_end_to_end, "batched": plot_batched}
 
 
 def plot_results(path: str | Path) -> Path:
@@ -230,9 +255,10 @@ def plot_results(path: str | Path) -> Path:
 
 def _point(row: dict) -> tuple:
     """What a row measured (a re-measurement of the same point replaces it): a per_check point, one part
-    of a breakdown row set (``part``, absent from per_check rows), or an end-to-end row (``task``)."""
+    of a breakdown row set (``part``, absent from per_check rows), an end-to-end row (``task``) or a
+    batched one (``concurrency``, ``arrival``)."""
     return tuple(row.get(k) for k in ("model", "prefix", "n_branches", "mode", "target_ratio", "what", "part", "task",
-                                      "trace_driven"))
+                                      "trace_driven", "concurrency", "arrival"))
 
 
 def merge_results(out: str | Path, inputs: list[str | Path]) -> Path:

@@ -124,6 +124,7 @@ def replay(args, trace: dict, name: str) -> list[dict]:
     if cfg.family != trace["family"] and not trace["grid"]:
         raise SystemExit(f"--models {name}: a {cfg.family} model lays prompts out unlike the record's "
                          f"{trace['family']}; replay a record made with --grid")
+    args.fuse_boundaries = bool(trace.get("fuse_boundaries", False))  # the record's loop
     if args.fuse_boundaries and not cfg.shift_logits:
         raise SystemExit(f"--models {name}: the record verifies blocks with their writes (--fuse-boundaries), which "
                          f"a {cfg.family} model cannot (no seed prediction); replay a record made without it")
@@ -185,6 +186,34 @@ def _recorded_calls(steps) -> list[tuple[int, int, list[int]]]:
             for s in steps]
 
 
+def parse_override(ap, text: str) -> dict[str, int]:
+    """``--override FIELD=INT,...`` as a dict (the parser's one-line error otherwise)."""
+    try:
+        return {k: int(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
+    except ValueError:
+        ap.error(f"--override: expected FIELD=INT,..., got {text!r}")
+
+
+def run_command(ap, args, out: str, record, replay, suite: str, setup) -> int:
+    """``record``: ``torch.save(record(args), out)``. ``replay``: the ``--trace`` loaded, its decode settings
+    in ``args``, the rows of ``replay(args, trace, name)`` for every ``--models`` name written to ``out``
+    (``suite``, the seconds taken and ``setup(trace)`` beside them). Returns the exit status."""
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        if args.command == "record":
+            torch.save(record(args), out)
+            print(f"wrote {out}")
+            return 0
+        if not args.trace:
+            ap.error("replay: --trace FILE expected (made by the record command)")
+        trace = torch.load(args.trace, weights_only=False)
+        args.max_new_tokens, args.draft_budget = trace["max_new_tokens"], trace["draft_budget"]
+        rows = [row for name in args.models.split(",") for row in replay(args, trace, name)]
+    write_json(Path(out), rows, {"suite": suite, "seconds": time.perf_counter() - t0, "setup": setup(trace)})
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv=None) -> int:
     from specfold_compile.tasks import TASKS
 
@@ -213,10 +242,7 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device here")
     args.tasks, args.modes = tuple(args.tasks.split(",")), tuple(args.modes.split(","))
-    try:
-        args.override = {k: int(v) for k, v in (kv.split("=") for kv in args.override.split(",") if kv)}
-    except ValueError:
-        ap.error(f"--override: expected FIELD=INT,..., got {args.override!r}")
+    args.override = parse_override(ap, args.override)
     if sorted(set(args.modes) - set(MODES)):
         ap.error(f"--modes: expected names among {list(MODES)}, got {args.modes}")
     if args.device == "cpu":
@@ -224,26 +250,10 @@ def main(argv=None) -> int:
     default = "trace.pt" if args.command == "record" else "end_to_end_trace.json"
     out = args.out or str(Path(os.environ.get("OUT") or ".") / default)
     check_output(ap, out)
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        if args.command == "record":
-            torch.save(record(args), out)
-            print(f"wrote {out}")
-            return 0
-        if not args.trace:
-            ap.error("replay: --trace FILE expected (made by `python -m bench.trace_driven record`)")
-        trace = torch.load(args.trace, weights_only=False)
-        args.max_new_tokens, args.draft_budget = trace["max_new_tokens"], trace["draft_budget"]
-        args.fuse_boundaries = bool(trace.get("fuse_boundaries", False))
-        rows = [row for name in args.models.split(",") for row in replay(args, trace, name)]
-    write_json(Path(out), rows, {"suite": "end_to_end", "seconds": time.perf_counter() - t0,
-                                 "setup": {"trace": args.trace, "record_model": trace["model"], "tau": trace["tau"],
-                                           "prompts": len(trace["prompts"]), "repeats": args.repeats,
-                                           "max_new_tokens": args.max_new_tokens,
-                                           "fuse_boundaries": args.fuse_boundaries,
-                                           "draft_budget": args.draft_budget, "device": args.device}})
-    print(f"wrote {out}")
-    return 0
+    return run_command(ap, args, out, record, replay, "end_to_end", lambda trace: {
+        "trace": args.trace, "record_model": trace["model"], "tau": trace["tau"], "prompts": len(trace["prompts"]),
+        "repeats": args.repeats, "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
+        "fuse_boundaries": bool(trace.get("fuse_boundaries", False)), "device": args.device})
 
 
 if __name__ == "__main__":

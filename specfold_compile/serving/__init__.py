@@ -7,6 +7,7 @@ Public API::
            draft_graph=None, confidence_dtype=, max_waiting=None, tau=None)
         .add_request(prompt_ids, RequestParams(...)) -> id   .step() -> [BlockOutput]   .run()
         .abort(id)   .output(id) -> RequestOutput   .pop(id)   .stats   .pool
+        .new_decode(prompt_ids, params) -> RequestDecode   .submit(decode) -> id   # add_request's two halves
     RequestParams(max_new_tokens=, threshold=, draft_budget=, stop_at_eos=True)
     generate(model, prompt_ids | [prompt_ids, ...], ...)   # one prompt: decoding.generate; a list: batched
     KVPool(model, max_requests, max_tokens_per_request), PoolExhausted

@@ -145,12 +145,21 @@ class Engine:
         """Queue a request (``prompt_ids``: 1-D int64 token ids); returns its id. A request that cannot run
         (a bad prompt or parameter, or more cache positions than ``max_tokens_per_request``) is refused here
         with a one-line error naming the argument, and nothing else changes."""
-        params = RequestParams() if params is None else params
-        decode = RequestDecode(-1, prompt_ids, params, self.model, self.mode, self.graph, self.confidence_dtype)
+        return self.submit(self.new_decode(prompt_ids, RequestParams() if params is None else params))
+
+    def new_decode(self, prompt_ids: torch.Tensor, params: RequestParams) -> RequestDecode:
+        """The decode state ``add_request`` queues for a prompt (checked, not queued): this engine's model,
+        mode, draft graph and confidence dtype."""
+        return RequestDecode(-1, prompt_ids, params, self.model, self.mode, self.graph, self.confidence_dtype)
+
+    def submit(self, decode: RequestDecode) -> int:
+        """Queue a decode state made by ``new_decode`` (``add_request`` is ``submit(new_decode(...))``; a
+        benchmark may subclass the state first, e.g. to force recorded steps: ``bench/batched.py``);
+        returns its request id."""
         if decode.cache_positions > self.pool.capacity:
-            raise ValueError(f"prompt_ids: a prompt of {prompt_ids.numel()} tokens with max_new_tokens="
-                             f"{params.max_new_tokens} needs {decode.cache_positions} cache positions, beyond "
-                             f"max_tokens_per_request={self.pool.capacity}")
+            raise ValueError(f"prompt_ids: a prompt of {decode.prompt_tokens} tokens with max_new_tokens="
+                             f"{decode.params.max_new_tokens} needs {decode.cache_positions} cache positions, "
+                             f"beyond max_tokens_per_request={self.pool.capacity}")
         if len(self._waiting) + len(self._running) >= self.pool.max_requests + (
                 float("inf") if self.max_waiting is None else self.max_waiting):
             raise PoolExhausted(f"pool exhausted: all max_requests={self.pool.max_requests} slots hold a request "

@@ -53,6 +53,7 @@ class RequestDecode:
         rules = cfg.decoding_rules
         self.layout = layout_prompt(prompt_ids.cpu(), self.block, rules.prompt_on_block_grid)
         self.layout.check_positions(params.max_new_tokens, int(cfg.max_position_embeddings))
+        self.prompt_tokens = int(prompt_ids.numel())
         self.scoring = _Scoring(self.mask_id, sub_block, float(params.threshold), confidence_dtype,
                                 rules.argmax_of_probs, rules.threshold_inclusive)
         self.request_id, self.params, self.mode, self.graph = request_id, params, mode, graph

@@ -7,6 +7,7 @@ import specfold_compile
 from specfold_compile.testing import tiny_model
 from specfold_compile.decoding import generate as generate_one
 from specfold_compile.serving import Engine, PoolExhausted, RequestParams
+from specfold_compile.serving.request import RequestDecode
 
 LONG = RequestParams(max_new_tokens=64, stop_at_eos=False)
 SHORT = RequestParams(max_new_tokens=5, stop_at_eos=False)
@@ -192,6 +193,30 @@ def test_pool_exhausted(model):
     list(engine.run())
     assert engine.pool.free_slots == 2
     assert engine.add_request(_prompt(6), SHORT) == 3  # room again; refused requests took no id
+
+
+def test_submit_queues_a_decode_state_as_add_request_does(model):
+    """``add_request`` is ``submit(new_decode(...))``: a state made by ``new_decode`` and subclassed (as
+    bench/batched.py does) decodes as the request would; ``submit`` refuses one that does not fit."""
+    class Counting(RequestDecode):
+        calls = 0
+
+        def rows(self):
+            Counting.calls += 1
+            return super().rows()
+
+    engine = Engine(model, max_requests=2, max_tokens_per_request=128, mode="spiffy")
+    plain = engine.add_request(_prompt(9, 3), LONG)
+    decode = engine.new_decode(_prompt(9, 3), LONG)
+    decode.__class__ = Counting
+    assert engine.num_waiting == 1 and engine.submit(decode) == plain + 1
+    list(engine.run())
+    a, b = engine.output(plain).result, engine.output(plain + 1).result
+    assert a.tokens == b.tokens and a.nfe == b.nfe and Counting.calls == len(b.steps) > 0
+    small = Engine(model, max_requests=1, max_tokens_per_request=16)
+    with pytest.raises(ValueError, match="prompt_ids: a prompt of 20 tokens with max_new_tokens=64 needs"):
+        small.submit(small.new_decode(_prompt(20), LONG))
+    assert small.num_waiting == 0
 
 
 def test_pool_sized_by_the_user():

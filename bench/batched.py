@@ -1,0 +1,409 @@
+"""Batched serving at real shapes, trace-driven: throughput and per-request latency of the serving
+``Engine`` at several concurrencies, each serving mode, on random-weight models of the 1.5B / 7B shapes.
+
+Random weights decode nothing meaningful, so every request's decisions come from a record. ``record``
+serves task-suite prompts with the shipped model through the ``Engine`` on the CPU, once per serving mode
+(``serving.SERVING_MODES``: vanilla, Spiffy, and SpecFold once the engine serves it), and keeps per
+request every block's opening state (its seed included), every verification call's rows and parents, the
+drafts it accepted and the state it committed to. ``replay`` serves those requests with the real
+``Engine`` loop on a random model of a real shape: each request's decode state is the engine's own
+(``Engine.new_decode``), subclassed to force the record: the engine builds each call's drafts and runs
+the commit rule and acceptance walk on the replay model's logits as it always does (the host work of a
+real request), then the recorded rows go into the batched forward and the recorded state is committed.
+So every request makes exactly its recorded calls (rows, parents, accepted drafts, block writes, tokens)
+at the real shape's cost, next to whichever requests share its engine steps. ``trace_reproduced`` says
+that every request's tokens, forwards, blocks and calls equal its record's, and the engine's forwards
+covered exactly the recorded rows. ``spiffy_compiled`` replays the Spiffy record with the decoder
+layers' position-wise pieces compiled (``replay_modes``).
+
+Arrivals. ``--arrival closed`` (default): ``C`` clients, each sending its next request as soon as its
+last one finished; served as ``max(--requests, --per-slot * C)`` requests (default: 16, and 4 a slot)
+queued at t = 0 on an engine of ``C`` slots, a request's latency measured from its admission (when its
+client sent it) to its last block.
+``--arrival poisson --rate R``: requests arrive at fixed pseudo-random times (exponential gaps of mean
+``1/R`` s, seed 0) into an engine of ``C`` slots; latency from arrival (queueing included). Request ``j``
+replays recorded request ``j mod n``. Throughput: all requests' generated tokens over the wall time from
+the first arrival to the last request's end, ``torch.cuda.synchronize()`` at both ends only (each engine
+step reads its confidences back anyway). ``peak_bytes``: ``torch.cuda.max_memory_allocated()`` over a
+timed run (weights, KV pool, activations). Each (mode, concurrency) point is timed ``--repeats`` times,
+the run of median wall time kept, after untimed passes per mode at the largest concurrency (as many
+requests as slots) and at concurrency 1 (two requests; compiles happen there)::
+
+    python -m bench.batched record --out TRACE.pt [--limit 22] [--tasks math,code,instruct] [--no-eos-stop]
+    python -m bench.batched replay --trace TRACE.pt --device cuda --models fast-dllm-v2-1.5b \\
+        [--concurrency 1,4,16,64] [--requests 16] [--per-slot 4] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import random
+import time
+from collections import deque
+from pathlib import Path
+
+import torch
+
+from bench.common import check_output
+from bench.trace_driven import parse_override, run_command, token_map
+
+CONCURRENCY = (1, 4, 16, 64)
+COMPILED = "_compiled"  # a mode's suffix: the model's position-wise layers compiled by Inductor
+POSITION_WISE = ("qkv", "attn_out", "mlp_out")  # DecoderLayer's pieces the engine runs over all rows at once
+
+
+def serving_modes() -> tuple[str, ...]:
+    """The modes the engine serves: each gets its rows (SpecFold's appear once the engine takes it)."""
+    from specfold_compile.serving import SERVING_MODES
+
+    return tuple(SERVING_MODES)
+
+
+def replay_modes() -> tuple[str, ...]:
+    """The served modes and ``spiffy_compiled``: the engine's Spiffy with every decoder layer's
+    position-wise pieces (norms, q/k/v and output projections, RoPE, MLP) compiled by Inductor with
+    dynamic shapes; attention and the LM head run eagerly per request, as the engine runs them."""
+    served = serving_modes()
+    return served + tuple(m + COMPILED for m in ("spiffy",) if m in served)
+
+
+class _compiled_layers:
+    """Inside: each decoder layer's ``POSITION_WISE`` methods of ``model`` are ``torch.compile``d
+    (``dynamic=True``; one graph a method serves every layer); on exit the layers' own methods again."""
+
+    def __init__(self, model, backend: str):
+        self.model, self.backend = model, backend
+
+    def __enter__(self):
+        for layer in self.model.layers:
+            for name in POSITION_WISE:
+                setattr(layer, name, torch.compile(getattr(layer, name), dynamic=True, backend=self.backend))
+
+    def __exit__(self, *exc):
+        for layer in self.model.layers:
+            for name in POSITION_WISE:
+                delattr(layer, name)  # the instance attribute: the class's method shows again
+
+
+# --- decode states that record, and that force, a request's steps -----------------------------------
+class _Recording:
+    """Keeps every block's opening state and every call's rows, parents, accepted drafts and result."""
+
+    def start_block(self, next_logits):
+        super().start_block(next_logits)
+        self.record["starts"].append(self.state.to(torch.int32))
+
+    def accept(self, conf_masked, tok_masked):
+        rows, parents = self._rows
+        super().accept(conf_masked, tok_masked)
+        self.record["calls"].append({"rows": rows.to(torch.int32), "parents": list(parents),
+                                     "accepted": int(self.steps[-1].accepted), "state": self.state.to(torch.int32)})
+
+
+class _Forcing:
+    """Runs the engine's own draft building and commit on the replay model's logits, then puts the
+    recorded rows into the forward and the recorded state in place of the commit's (``forced``: the
+    record's tensors already in the replay model's vocabulary)."""
+
+    def start_block(self, next_logits):
+        super().start_block(next_logits)
+        self.state = self.forced["starts"][self.blocks - 1].clone()
+
+    def rows(self):
+        super().rows()
+        call = self.forced["calls"][len(self.steps)]
+        self._rows = (call["rows"], call["parents"])
+        tally, stats = self.tally  # this engine forward's rows and logit positions so far
+        tally.setdefault(stats.verify_calls, [0, 0])
+        tally[stats.verify_calls][0] += int(call["rows"].shape[0])
+        tally[stats.verify_calls][1] += int(call["masked"])
+        return call["rows"]
+
+    def accept(self, conf_masked, tok_masked):
+        call = self.forced["calls"][len(self.steps)]
+        super().accept(conf_masked, tok_masked)
+        step = self.steps[-1]
+        step.accepted = call["accepted"]
+        self.state = call["state"].clone()
+
+
+@functools.cache
+def _subclass(mixin: type, cls: type) -> type:
+    return type(mixin.__name__ + cls.__name__, (mixin, cls), {})
+
+
+def _as(decode, mixin):
+    """``decode`` (the engine's decode state, whatever its class) turned into a ``mixin`` subclass of it."""
+    decode.__class__ = _subclass(mixin, type(decode))
+    return decode
+
+
+# --- record --------------------------------------------------------------------------------------
+def record(args) -> dict:
+    """The shipped model (or ``--model``) serving the task-suite prompts through the Engine, per mode."""
+    from specfold_compile.loading import encode, load_model, resolve_draft_graph
+    from specfold_compile.serving import Engine, RequestParams
+    from specfold_compile.serving.batch import _positions_needed
+    from specfold_compile.tasks import sample
+
+    model = load_model(args.model, device="cpu")
+    cfg = model.config
+    path = resolve_draft_graph(args.model, None)  # kept in the record, which may be replayed elsewhere
+    graph = None if path is None else json.loads(Path(path).read_text())
+    problems = {task: sample(task, "test", args.limit, 0) for task in args.tasks}
+    prompts, tasks = [], []
+    for i in range(args.limit):  # the tasks in turn, so that any run of requests mixes them
+        for task in args.tasks:
+            prompts.append(encode(model, problems[task][i].prompt))
+            tasks.append(task)
+    params = RequestParams(max_new_tokens=args.max_new_tokens, draft_budget=args.draft_budget,
+                           stop_at_eos=not args.no_eos_stop)
+    requests = [{"task": t, "prompt": p} for t, p in zip(tasks, prompts)]
+    modes = args.modes or serving_modes()
+    for mode in modes:
+        engine = Engine(model, max_requests=min(args.record_slots, len(prompts)), mode=mode, draft_graph=graph,
+                        max_tokens_per_request=_positions_needed(model, prompts, args.max_new_tokens))
+        decodes = []
+        for prompt in prompts:
+            decode = _as(engine.new_decode(prompt, params), _Recording)
+            decode.record = {"starts": [], "calls": []}
+            engine.submit(decode)
+            decodes.append(decode)
+        for _ in engine.run():
+            pass
+        for req, decode in zip(requests, decodes):
+            res = decode.result()
+            req[mode] = {**decode.record, "tokens": res.tokens, "nfe": res.nfe, "blocks": res.blocks}
+        calls = sum(len(r[mode]["calls"]) for r in requests)
+        print(f"recorded {mode}: {len(requests)} requests, {calls} calls, {engine.stats.verify_calls} engine "
+              "forwards", flush=True)
+    return {"model": args.model or "specfold-tiny", "modes": list(modes), "draft_graph": graph,
+            "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
+            "stop_at_eos": not args.no_eos_stop, "mask_token_id": cfg.mask_token_id, "eos_token_id": cfg.eos_token_id,
+            "vocab_size": cfg.vocab_size, "block_size": cfg.block_size, "family": cfg.family, "requests": requests}
+
+
+# --- replay --------------------------------------------------------------------------------------
+def _forced(rec: dict, table: torch.Tensor, mask: int) -> dict:
+    """A recorded request's tensors in the replay model's vocabulary (int64, CPU); ``masked``: a call's
+    masked positions (``mask``: the record's mask id), whose logits it computes."""
+    mapped = lambda t: table[t.long()]  # noqa: E731
+    return {"starts": [mapped(s) for s in rec["starts"]],
+            "calls": [{"rows": mapped(c["rows"]), "parents": c["parents"], "accepted": c["accepted"],
+                       "state": mapped(c["state"]), "masked": int((c["rows"] == mask).sum())} for c in rec["calls"]]}
+
+
+def _arrivals(n: int, args) -> list[float]:
+    if args.arrival == "closed":
+        return [0.0] * n
+    gen, t, out = random.Random(0), 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += gen.expovariate(args.rate)
+    return out
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100), linear between the closest ranks."""
+    xs = sorted(values)
+    at = (len(xs) - 1) * q / 100
+    lo = int(at)
+    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (at - lo)
+
+
+def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: bool) -> dict:
+    """One timed run: ``requests`` (recorded request, forced tensors, mapped prompt) served by an engine of
+    ``concurrency`` slots as they arrive; the row's numbers and whether every request followed its record."""
+    from specfold_compile.serving import Engine, RequestParams
+
+    params = RequestParams(max_new_tokens=args.max_new_tokens, draft_budget=args.draft_budget,
+                           stop_at_eos=args.stop_at_eos)
+    arrivals = _arrivals(len(requests), args)
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    engine = Engine(model, max_requests=concurrency, max_tokens_per_request=args.capacity, mode=mode,
+                    draft_graph=args.graph)
+    pending, decodes, done, tally = deque(range(len(requests))), {}, {}, {}
+    t0 = time.perf_counter()
+    while pending or engine.has_work:
+        now = time.perf_counter() - t0
+        while pending and arrivals[pending[0]] <= now:
+            j = pending.popleft()
+            decode = _as(engine.new_decode(requests[j]["prompt"], params), _Forcing)
+            decode.forced, decode.tally = requests[j]["forced"], (tally, engine.stats)
+            decodes[engine.submit(decode)] = (j, decode)
+        if not engine.has_work:
+            time.sleep(max(0.0, arrivals[pending[0]] - now))
+            continue
+        for block in engine.step():
+            if block.finished:
+                done[block.request_id] = time.perf_counter() - t0
+    if cuda:
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    latencies, tokens, reproduced, rows = [], 0, len(done) == len(requests), 0
+    for rid, (j, decode) in decodes.items():
+        out = engine.pop(rid)
+        rec, table = requests[j]["record"], args.table
+        start = decode.t0 - t0 if args.arrival == "closed" else arrivals[j]
+        latencies.append(1e3 * (done[rid] - start))
+        if out.status != "finished":
+            reproduced = False
+            continue
+        res = out.result
+        tokens += len(res.tokens)
+        calls = [(int(s.branches), int(s.accepted), list(s.parents)) for s in res.steps]
+        reproduced &= (res.tokens == table[torch.tensor(rec["tokens"], dtype=torch.long)].tolist()
+                       and (res.nfe, res.blocks) == (rec["nfe"], rec["blocks"])
+                       and calls == [(int(c["rows"].shape[0]), c["accepted"], c["parents"]) for c in rec["calls"]])
+        rows += sum(int(c["rows"].shape[0]) for c in rec["calls"])
+    reproduced &= engine.stats.verify_rows == rows
+    st = engine.stats
+    return {"tokens_per_s": tokens / wall, "p50_latency_ms": _percentile(latencies, 50),
+            "p99_latency_ms": _percentile(latencies, 99), "wall_s": wall, "requests": len(requests),
+            "tokens": tokens, "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+            "pool_bytes": engine.pool.nbytes(), "verify_calls": st.verify_calls,
+            "rows_per_forward": st.verify_rows / max(1, st.verify_calls),
+            "requests_per_forward": st.verify_requests / max(1, st.verify_calls),
+            "max_rows_per_forward": max((t[0] for t in tally.values()), default=0),
+            "max_logit_positions": max((t[1] for t in tally.values()), default=0), "trace_reproduced": reproduced}
+
+
+def _graphs_compiled() -> int:
+    """Graphs Dynamo has compiled in this process (a timed run that adds some paid for compiling)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def replay(args, trace: dict, name: str) -> list[dict]:
+    """Every mode and concurrency on a random model of preset ``name`` (bf16 on CUDA, float32 on the CPU)."""
+    from specfold_compile.models import build
+    from specfold_compile.serving.batch import _positions_needed
+
+    cuda = args.device == "cuda"
+    model = build(name, device=args.device, dtype=torch.bfloat16 if cuda else torch.float32, seed=0, **args.override)
+    cfg = model.config
+    if cfg.block_size != trace["block_size"]:
+        raise SystemExit(f"--models {name}: block size {cfg.block_size}, the record's is {trace['block_size']}")
+    if cfg.family != trace["family"]:
+        raise SystemExit(f"--models {name}: a {cfg.family} model lays prompts out unlike the record's "
+                         f"{trace['family']} model")
+    args.table = table = token_map(trace, cfg)
+    args.graph, args.stop_at_eos = trace["draft_graph"], trace["stop_at_eos"]
+    prompts = [table[r["prompt"]] for r in trace["requests"]]  # the engine moves its prefill ids
+    args.capacity = _positions_needed(model, prompts, args.max_new_tokens)
+    rows = []
+    recorded_modes = [m for m in trace["modes"] if m in serving_modes()]
+    for mode in args.modes or recorded_modes + [m + COMPILED for m in recorded_modes if m + COMPILED in replay_modes()]:
+        kind = mode.removesuffix(COMPILED)  # the engine's mode, and the record's
+        if kind not in trace["modes"]:
+            raise SystemExit(f"--modes {mode}: the record has {trace['modes']} (record again with the mode served)")
+        recorded = [{"record": r[kind], "forced": _forced(r[kind], table, trace["mask_token_id"]), "prompt": p}
+                    for r, p in zip(trace["requests"], prompts)]
+
+        def workload(n: int) -> list[dict]:
+            return [recorded[j % len(recorded)] for j in range(n)]
+        with _compiled_layers(model, args.compile_backend) if mode != kind else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            # warm-up (compiles; a single request's row counts of 1 too, which dynamic shapes specialize)
+            for c in sorted({max(args.concurrency), 1}, reverse=True):
+                try:
+                    serve(model, kind, c, workload(max(c, 2)), args, cuda)
+                except torch.OutOfMemoryError:  # the timed point will say so
+                    torch.cuda.empty_cache()
+            warm_s = time.perf_counter() - t0
+            for c in args.concurrency:
+                n, graphs = max(args.requests, args.per_slot * c), _graphs_compiled()
+                try:
+                    runs = sorted((serve(model, kind, c, workload(n), args, cuda) for _ in range(args.repeats)),
+                                  key=lambda r: r["wall_s"])
+                except torch.OutOfMemoryError as exc:  # this point has no row; the file's setup names it
+                    args.out_of_memory.append({"model": name, "mode": mode, "concurrency": c})
+                    print(f"{name} {mode} at concurrency {c}: out of memory ({str(exc).splitlines()[0]})", flush=True)
+                    torch.cuda.empty_cache()
+                    continue
+                row = {"model": name, "concurrency": c, "mode": mode, **runs[len(runs) // 2], "trace_driven": True,
+                       "trace_reproduced": all(r["trace_reproduced"] for r in runs), "warmup_s": warm_s,
+                       "compiles_while_timed": _graphs_compiled() - graphs,
+                       "arrival": args.arrival if args.arrival == "closed" else f"poisson {args.rate:g}/s",
+                       "record": {"model": trace["model"], "mode": kind}}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        if cuda:
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None) -> int:
+    from specfold_compile.tasks import TASKS
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=("record", "replay"))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"),
+                    help="replay: where the model runs (record runs on the CPU)")
+    ap.add_argument("--trace", default=None, help="replay: the record to replay")
+    ap.add_argument("--model", default=None, help="record: a checkpoint or preset (default: the shipped model)")
+    ap.add_argument("--limit", type=int, default=22, help="record: test-split prompts per task")
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--record-slots", type=int, default=8, help="record: the engine's slots")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--draft-budget", type=int, default=16)
+    ap.add_argument("--no-eos-stop", action="store_true",
+                    help="record: every request decodes all --max-new-tokens (the shipped model's answers are short)")
+    ap.add_argument("--modes", default=None,
+                    help="comma-separated (default: record every serving mode; replay every recorded one and "
+                         "spiffy_compiled)")
+    ap.add_argument("--models", default="fast-dllm-v2-1.5b", help="replay: comma-separated presets")
+    ap.add_argument("--override", default="", metavar="FIELD=INT,...",
+                    help="replay: integer config fields replacing the presets' (e.g. a tiny preset at the record's "
+                         "block size: block_size=32,sub_block_size=8,vocab_size=1040)")
+    ap.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)), help="replay: engine slots, comma-separated")
+    ap.add_argument("--requests", type=int, default=16, help="replay: requests a run serves, at least")
+    ap.add_argument("--per-slot", type=int, default=4,
+                    help="replay: and at least this many times the concurrency (each slot serves several in turn)")
+    ap.add_argument("--arrival", default="closed", choices=("closed", "poisson"))
+    ap.add_argument("--rate", type=float, default=None, help="--arrival poisson: requests per second")
+    ap.add_argument("--repeats", type=int, default=1, help="replay: timed runs a point, the median kept")
+    ap.add_argument("--compile-backend", default="inductor",
+                    help="replay: torch.compile's backend for the *_compiled modes")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device here")
+    modes = serving_modes() if args.command == "record" else replay_modes()
+    args.tasks = tuple(args.tasks.split(","))
+    if args.modes is not None:
+        args.modes = tuple(args.modes.split(","))
+        if sorted(set(args.modes) - set(modes)):
+            ap.error(f"--modes: expected names among {list(modes)} (serving.SERVING_MODES, and *_compiled in replay), "
+                     f"got {list(args.modes)}")
+    args.override = parse_override(ap, args.override)
+    try:
+        args.concurrency = tuple(int(c) for c in args.concurrency.split(","))
+    except ValueError:
+        ap.error(f"--concurrency: expected INT,..., got {args.concurrency!r}")
+    if min(args.concurrency) < 1 or min(args.requests, args.per_slot, args.repeats) < 1:
+        ap.error("--concurrency, --requests, --per-slot, --repeats: expected ints >= 1")
+    if args.arrival == "poisson" and not (args.rate and args.rate > 0):
+        ap.error("--rate: --arrival poisson expects a rate > 0 (requests per second)")
+    if args.device == "cpu" or args.command == "record":
+        torch.set_num_threads(1)
+    out = args.out or str(Path(os.environ.get("OUT") or ".") / ("batched_trace.pt" if args.command == "record"
+                                                                   else "batched.json"))
+    check_output(ap, out)
+    args.out_of_memory = []
+    return run_command(ap, args, out, record, replay, "batched", lambda trace: {
+        "trace": args.trace, "record_model": trace["model"], "recorded_requests": len(trace["requests"]),
+        "requests": args.requests, "per_slot": args.per_slot, "arrival": args.arrival, "rate": args.rate,
+        "repeats": args.repeats, "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
+        "stop_at_eos": trace["stop_at_eos"], "device": args.device, "out_of_memory": args.out_of_memory})
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

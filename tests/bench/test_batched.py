@@ -1,0 +1,156 @@
+"""bench.batched: the shipped model's requests recorded through the serving engine, replayed through the
+engine on a random model at the record's block size, make every recorded call at every concurrency; the
+rows, the plot and the report tables render from them."""
+import copy
+import json
+
+import pytest
+import torch
+
+from bench import batched, plot, report
+from specfold_compile.serving import SERVING_MODES
+
+FIELDS = {"model", "concurrency", "mode", "tokens_per_s", "p50_latency_ms", "p99_latency_ms", "peak_bytes",
+          "trace_driven", "trace_reproduced", "requests", "tokens", "verify_calls", "rows_per_forward"}
+TINY = ["--models", "tiny-fast-dllm-v2", "--override", "block_size=32,sub_block_size=8,vocab_size=1040",
+        "--compile-backend", "eager"]  # Dynamo's graphs run eagerly: the compiled mode's path, no Inductor build
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    path = tmp_path_factory.mktemp("batched") / "trace.pt"
+    assert batched.main(["record", "--limit", "1", "--tasks", "math,instruct", "--max-new-tokens", "40",
+                         "--record-slots", "2", "--out", str(path)]) == 0
+    return path
+
+
+def _replay(trace, out, *extra):
+    assert batched.main(["replay", "--device", "cpu", "--trace", str(trace), *TINY, "--out", str(out), *extra]) == 0
+    return json.loads(out.read_text())
+
+
+def test_replay_makes_the_recorded_calls_at_every_concurrency(trace, tmp_path):
+    data = _replay(trace, tmp_path / "rows.json", "--concurrency", "1,3", "--requests", "3", "--per-slot", "1")
+    record = torch.load(trace, weights_only=False)
+    assert record["modes"] == list(SERVING_MODES) and len(record["requests"]) == 2
+    spiffy = [r["spiffy"] for r in record["requests"]]
+    assert any(c["accepted"] for r in spiffy for c in r["calls"]), "the record accepted no draft"
+    assert any(c["rows"].shape[0] > 1 for r in spiffy for c in r["calls"])
+    rows = data["rows"]
+    assert data["suite"] == "batched" and "torch" in data["versions"]
+    modes = list(SERVING_MODES) + ["spiffy_compiled"]
+    assert [(r["mode"], r["concurrency"]) for r in rows] == [(m, c) for m in modes for c in (1, 3)]
+    for r in rows:
+        assert FIELDS <= set(r) and r["trace_driven"] is True and r["trace_reproduced"] is True, r
+        assert r["compiles_while_timed"] == 0  # the warm-ups compiled every graph
+        assert r["requests"] == 3 and r["tokens_per_s"] > 0 and 0 < r["p50_latency_ms"] <= r["p99_latency_ms"]
+        recs = [record["requests"][j % 2][r["mode"].removesuffix("_compiled")] for j in range(3)]
+        assert r["tokens"] == sum(len(x["tokens"]) for x in recs)
+        calls = sum(len(x["calls"]) for x in recs)
+        if r["concurrency"] == 1:  # one request at a time: one forward a recorded call
+            assert r["verify_calls"] == calls and r["requests_per_forward"] == 1
+        else:  # batched: fewer forwards, the same rows
+            assert r["verify_calls"] < calls and r["requests_per_forward"] > 1
+        biggest = max(int(c["rows"].shape[0]) for x in recs for c in x["calls"])
+        assert r["max_rows_per_forward"] >= biggest and r["max_rows_per_forward"] >= r["rows_per_forward"]
+        if r["concurrency"] == 1:  # one request a forward: its biggest call
+            assert r["max_rows_per_forward"] == biggest
+        assert 0 < r["max_logit_positions"] <= 32 * r["max_rows_per_forward"]
+        assert r["rows_per_forward"] * r["verify_calls"] == pytest.approx(
+            sum(int(c["rows"].shape[0]) for x in recs for c in x["calls"]))
+
+
+def test_a_replay_off_its_record_is_not_reproduced(trace, tmp_path):
+    record = torch.load(trace, weights_only=False)
+    bad = copy.deepcopy(record)
+    call = bad["requests"][0]["vanilla"]["calls"][0]
+    call["state"][call["state"] == record["mask_token_id"]] = record["eos_token_id"]  # ends the request early
+    path = tmp_path / "bad.pt"
+    torch.save(bad, path)
+    rows = _replay(path, tmp_path / "bad.json", "--modes", "vanilla", "--concurrency", "2", "--requests", "2", "--per-slot", "1")["rows"]
+    assert [(r["mode"], r["trace_reproduced"]) for r in rows] == [("vanilla", False)]
+    assert rows[0]["verify_calls"] < len(record["requests"][1]["vanilla"]["calls"]) + len(
+        record["requests"][0]["vanilla"]["calls"])
+
+
+def test_poisson_arrivals(trace, tmp_path):
+    rows = _replay(trace, tmp_path / "p.json", "--modes", "spiffy", "--concurrency", "2", "--requests", "3", "--per-slot", "1",
+                   "--arrival", "poisson", "--rate", "50")["rows"]
+    assert rows[0]["arrival"] == "poisson 50/s" and rows[0]["trace_reproduced"] is True
+    assert rows[0]["wall_s"] > 0 and rows[0]["p99_latency_ms"] > 0
+
+
+def test_requests_decode_every_token_without_the_eos_stop(tmp_path):
+    path = tmp_path / "long.pt"
+    assert batched.main(["record", "--limit", "1", "--tasks", "math", "--max-new-tokens", "40", "--no-eos-stop",
+                         "--modes", "spiffy", "--out", str(path)]) == 0
+    rows = _replay(path, tmp_path / "long.json", "--concurrency", "2", "--requests", "2", "--per-slot", "1")["rows"]
+    assert [r["mode"] for r in rows] == ["spiffy", "spiffy_compiled"]  # the recorded mode, and compiled
+    assert all(r["trace_reproduced"] is True and r["tokens"] == 2 * 40 for r in rows)
+
+
+def test_a_point_out_of_memory_is_named_and_the_others_run(trace, tmp_path, monkeypatch):
+    serve = batched.serve
+
+    def failing(model, mode, concurrency, *args):
+        if concurrency == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB")
+        return serve(model, mode, concurrency, *args)
+    monkeypatch.setattr(batched, "serve", failing)
+    data = _replay(trace, tmp_path / "oom.json", "--modes", "vanilla", "--concurrency", "1,3,2", "--per-slot", "1",
+                   "--requests", "2")
+    assert [r["concurrency"] for r in data["rows"]] == [1, 2]
+    assert data["setup"]["out_of_memory"] == [{"model": "tiny-fast-dllm-v2", "mode": "vanilla", "concurrency": 3}]
+
+
+def test_compiled_layers_are_the_models_own_again_after():
+    from specfold_compile.models import build
+
+    model = build("tiny-fast-dllm-v2", seed=0)
+    with batched._compiled_layers(model, "eager"):
+        assert all(name in layer.__dict__ for layer in model.layers for name in batched.POSITION_WISE)
+    assert not any(name in layer.__dict__ for layer in model.layers for name in batched.POSITION_WISE)
+    assert model.layers[0].qkv.__func__ is type(model.layers[0]).qkv
+
+
+def test_argument_errors(trace, tmp_path, capsys):
+    for argv, word in ((["--modes", "dense"], "--modes"), (["--arrival", "poisson"], "--rate"),
+                       (["--concurrency", "0"], "--concurrency")):
+        with pytest.raises(SystemExit) as exc:
+            batched.main(["replay", "--device", "cpu", "--trace", str(trace), "--out", str(tmp_path / "x.json"), *argv])
+        assert exc.value.code == 2 and word in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="block size 16, the record's is 32"):
+        batched.main(["replay", "--device", "cpu", "--trace", str(trace), "--models", "tiny-fast-dllm-v2",
+                      "--out", str(tmp_path / "x.json")])
+
+
+def _fake_rows() -> list[dict]:
+    rows = []
+    for model, scale in (("fast-dllm-v2-1.5b", 2.0), ("fast-dllm-v2-7b", 1.0)):
+        for mode, gain in (("vanilla", 1.0), ("spiffy", 1.5)):
+            for c in (1, 4, 16, 64):
+                rows.append({"model": model, "concurrency": c, "mode": mode, "tokens_per_s": 100.0 * scale * gain * c,
+                             "p50_latency_ms": 10.0 * c, "p99_latency_ms": 20.0 * c, "peak_bytes": 3 * 2**30,
+                             "pool_bytes": 2**30, "requests": max(16, c), "rows_per_forward": 2.0 * c,
+                             "max_rows_per_forward": 3 * c,
+                             "trace_driven": True, "trace_reproduced": True, "arrival": "closed"})
+    return rows
+
+
+def test_plot_and_report_render_from_a_results_file(tmp_path):
+    (tmp_path / "h200").mkdir()
+    path = tmp_path / "h200" / "batched.json"
+    path.write_text(json.dumps({"versions": {"gpu": "G", "torch": "t"}, "suite": "batched", "rows": _fake_rows()}))
+    assert plot.plot_results(path).stat().st_size > 0
+    table = report.render_batched_headline(json.loads(path.read_text()))
+    assert table[0].startswith("| shape | concurrency | vanilla (tokens/s) | vanilla p50 / p99 (ms) | Spiffy")
+    assert table[2:4] == ["| 1.5B | 1 | 200 | 10 / 20 | 300 | 10 / 20 |", "| 1.5B | 4 | 800 | 40 / 80 | 1200 | 40 / 80 |"]
+    assert len(table) == 2 + 8
+    page = report.render(tmp_path)
+    assert "## Many requests at once" in page and "| 7B | Spiffy, eager | 64 | 64 | 9600 | 640.0 | 1280.0 | 128.0 / 192 | 3.0" \
+        in page and "batched.png" in page
+    # merging runs keeps every concurrency (a point is model, mode, concurrency)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"suite": "batched", "rows": _fake_rows()[:2]}))
+    merged = json.loads(plot.merge_results(tmp_path / "m.json", [path, other]).read_text())
+    assert len(merged["rows"]) == len(_fake_rows())
