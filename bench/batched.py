@@ -3,9 +3,9 @@
 
 Random weights decode nothing meaningful, so every request's decisions come from a record. ``record``
 serves task-suite prompts with the shipped model through the ``Engine`` on the CPU, once per serving mode
-(``serving.SERVING_MODES``: vanilla, Spiffy, and SpecFold once the engine serves it), and keeps per
-request every block's opening state (its seed included), every verification call's rows and parents, the
-drafts it accepted and the state it committed to. ``replay`` serves those requests with the real
+(``serving.SERVING_MODES``: vanilla, Spiffy and SpecFold at ``--tau``), and keeps per request every
+block's opening state (its seed included), every verification call's rows and parents, the drafts it
+accepted, the state it committed to and (SpecFold) its fold masks, forced in the replay. ``replay`` serves those requests with the real
 ``Engine`` loop on a random model of a real shape: each request's decode state is the engine's own
 (``Engine.new_decode``), subclassed to force the record: the engine builds each call's drafts and runs
 the commit rule and acceptance walk on the replay model's logits as it always does (the host work of a
@@ -123,6 +123,15 @@ class _Forcing:
         tally[stats.verify_calls][1] += int(call["masked"])
         return call["rows"]
 
+    def forced_fold_masks(self):
+        """A SpecFold record's masks of this call: gate ``g`` of the replay model takes the record's gate
+        ``g * G_record // G`` (as ``bench.trace_driven`` maps them), so the replay's work is the record's."""
+        masks = self.forced["calls"][len(self.steps)].get("fold_masks")
+        if masks is None:
+            return None
+        g_rec, g = masks.shape[0], self.gates
+        return masks[[i * g_rec // g for i in range(g)]]
+
     def accept(self, conf_masked, tok_masked):
         call = self.forced["calls"][len(self.steps)]
         super().accept(conf_masked, tok_masked)
@@ -166,16 +175,18 @@ def record(args) -> dict:
     modes = args.modes or serving_modes()
     for mode in modes:
         engine = Engine(model, max_requests=min(args.record_slots, len(prompts)), mode=mode, draft_graph=graph,
+                        tau=args.tau if mode == "specfold" else None,
                         max_tokens_per_request=_positions_needed(model, prompts, args.max_new_tokens))
         decodes = []
         for prompt in prompts:
             decode = _as(engine.new_decode(prompt, params), _Recording)
             decode.record = {"starts": [], "calls": []}
-            engine.submit(decode)
-            decodes.append(decode)
+            decodes.append((engine.submit(decode), decode))
         for _ in engine.run():
             pass
-        for req, decode in zip(requests, decodes):
+        for req, (rid, decode) in zip(requests, decodes):
+            for call, masks in zip(decode.record["calls"], engine.output(rid).fold_masks):
+                call["fold_masks"] = masks  # SpecFold: the masks its gates chose, forced in the replay
             res = decode.result()
             req[mode] = {**decode.record, "tokens": res.tokens, "nfe": res.nfe, "blocks": res.blocks}
         calls = sum(len(r[mode]["calls"]) for r in requests)
@@ -194,7 +205,8 @@ def _forced(rec: dict, table: torch.Tensor, mask: int) -> dict:
     mapped = lambda t: table[t.long()]  # noqa: E731
     return {"starts": [mapped(s) for s in rec["starts"]],
             "calls": [{"rows": mapped(c["rows"]), "parents": c["parents"], "accepted": c["accepted"],
-                       "state": mapped(c["state"]), "masked": int((c["rows"] == mask).sum())} for c in rec["calls"]]}
+                       "state": mapped(c["state"]), "masked": int((c["rows"] == mask).sum()),
+                       "fold_masks": c.get("fold_masks")} for c in rec["calls"]]}
 
 
 def _arrivals(n: int, args) -> list[float]:
@@ -227,7 +239,7 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     engine = Engine(model, max_requests=concurrency, max_tokens_per_request=args.capacity, mode=mode,
-                    draft_graph=args.graph)
+                    draft_graph=args.graph, tau=args.tau if mode == "specfold" else None)
     pending, decodes, done, tally = deque(range(len(requests))), {}, {}, {}
     t0 = time.perf_counter()
     while pending or engine.has_work:
@@ -236,6 +248,7 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
             j = pending.popleft()
             decode = _as(engine.new_decode(requests[j]["prompt"], params), _Forcing)
             decode.forced, decode.tally = requests[j]["forced"], (tally, engine.stats)
+            decode.gates = len(model.layers)  # the engine's SpecFold gates: one a decoder layer
             decodes[engine.submit(decode)] = (j, decode)
         if not engine.has_work:
             time.sleep(max(0.0, arrivals[pending[0]] - now))
@@ -353,6 +366,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--record-slots", type=int, default=8, help="record: the engine's slots")
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--tau", type=float, default=0.1, help="SpecFold's fold threshold (mode specfold)")
     ap.add_argument("--draft-budget", type=int, default=16)
     ap.add_argument("--no-eos-stop", action="store_true",
                     help="record: every request decodes all --max-new-tokens (the shipped model's answers are short)")

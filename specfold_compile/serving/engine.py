@@ -265,8 +265,10 @@ class Engine:
         positions = [d.logit_positions(r) for d, r in zip(ready, rows)]
         args = (self.model, self.pool, [d.slot for d in ready], [r.to(self.device) for r in rows])
         if self.mode == "specfold":
+            forced = [d.forced_fold_masks() for d in ready]
             logits, masks = verify_batch_folded(*args, [d.parents for d in ready],
-                                                [p.to(self.device) for p in positions], self.tau)
+                                                [p.to(self.device) for p in positions], self.tau,
+                                                forced if all(m is not None for m in forced) else None)
             for d, m in zip(ready, masks):
                 m = m.cpu()
                 self._outputs[d.request_id].fold_masks.append(m)

@@ -119,6 +119,12 @@ class RequestDecode:
         """The parents of the rows of the call in flight (int64 [N]: -1, then each draft's parent row)."""
         return torch.tensor(self._rows[1], dtype=torch.long)
 
+    def forced_fold_masks(self) -> torch.Tensor | None:
+        """The fold masks to force on the call in flight (bool [G, N, B], SPEC P4), or None: gated. The
+        engine forces a forward's masks when every request in it has some (a trace-driven benchmark
+        replaying recorded masks); a request's own decode never does."""
+        return None
+
     def logit_positions(self, rows: torch.Tensor) -> torch.Tensor:
         """The flat positions whose logits the call needs: the masked ones (``generate``'s default)."""
         return (rows == self.mask_id).flatten().nonzero().flatten()

@@ -154,3 +154,27 @@ def test_plot_and_report_render_from_a_results_file(tmp_path):
     other.write_text(json.dumps({"suite": "batched", "rows": _fake_rows()[:2]}))
     merged = json.loads(plot.merge_results(tmp_path / "m.json", [path, other]).read_text())
     assert len(merged["rows"]) == len(_fake_rows())
+
+
+def test_a_specfold_replay_forces_the_recorded_fold_masks(trace, tmp_path, monkeypatch):
+    """Every replayed SpecFold forward folds the record's masks (gates mapped onto the replay model's)."""
+    from specfold_compile.serving import engine
+
+    record = torch.load(trace, weights_only=False)
+    calls = [c for r in record["requests"] for c in r["specfold"]["calls"]]
+    assert all(c["fold_masks"] is not None for c in calls) and any(c["fold_masks"][:, 1:].any() for c in calls)
+    seen, real = [], engine.verify_batch_folded
+
+    def spy(*args):
+        seen.append(args[7])
+        return real(*args)
+
+    monkeypatch.setattr(engine, "verify_batch_folded", spy)
+    data = _replay(trace, tmp_path / "sf.json", "--modes", "specfold", "--concurrency", "1", "--requests", "2",
+                   "--per-slot", "1")
+    assert data["rows"][0]["trace_reproduced"] is True
+    assert all(forced is not None and len(forced) == 1 for forced in seen)  # one request a forward here
+    timed = [forced[0] for forced in seen[-len(calls):]]  # the timed run: request 0's calls, then request 1's
+    for m, c in zip(timed, calls):
+        g_rec, g = c["fold_masks"].shape[0], m.shape[0]
+        assert torch.equal(m, c["fold_masks"][[i * g_rec // g for i in range(g)]])
