@@ -28,7 +28,7 @@ import torch
 from ..decoding import DEFAULTS, GenerateResult, default_draft_graph, load_draft_graph
 from ..decoding.commit import confidence
 from ..decoding.defaults import CONFIDENCE_DTYPES
-from .forward import check_serving_model, verify_batch, write_blocks
+from .forward import check_attention, check_serving_model, verify_batch, write_blocks
 from .pool import KVPool, PoolExhausted
 from .request import RequestDecode, RequestParams
 
@@ -91,11 +91,14 @@ class Engine:
     that does not fit). ``mode``: ``"vanilla"`` or ``"spiffy"`` (with ``draft_graph``: a path, dict or
     ``DraftGraph``, None the default graph); ``"specfold"`` is not batched yet. ``confidence_dtype``: as in
     ``generate``. ``max_waiting``: how many requests may queue for a slot (None: any number);
-    ``add_request`` raises ``PoolExhausted`` beyond it."""
+    ``add_request`` raises ``PoolExhausted`` beyond it. ``attention``: how the batched passes attend,
+    ``"per_request"`` or ``"ragged"`` (``forward``'s module docstring)."""
 
     def __init__(self, model, max_requests: int = 8, max_tokens_per_request: int = 1024, mode: str = "vanilla",
-                 draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None):
+                 draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None,
+                 attention: str = "per_request"):
         check_serving_model(model)
+        self.attention = check_attention(attention)
         if mode == "specfold":
             raise ValueError("mode: 'specfold' (the compiled forward) is not batched yet; the engine decodes "
                              "'vanilla' or 'spiffy' (docs/serving.md)")
@@ -236,7 +239,7 @@ class Engine:
         rows = [d.rows() for d in ready]
         positions = [d.logit_positions(r) for d, r in zip(ready, rows)]
         logits = verify_batch(self.model, self.pool, [d.slot for d in ready], [r.to(self.device) for r in rows],
-                              [p.to(self.device) for p in positions])
+                              [p.to(self.device) for p in positions], attention=self.attention)
         rules = self.model.config.decoding_rules
         conf, tok = confidence(torch.cat(logits), int(self.model.config.mask_token_id), self.confidence_dtype,
                                rules.argmax_of_probs)
@@ -272,7 +275,7 @@ class Engine:
             if not to_write:
                 return
             next_logits = write_blocks(self.model, self.pool, [d.slot for d in to_write],
-                                       [d.state.to(self.device) for d in to_write])
+                                       [d.state.to(self.device) for d in to_write], attention=self.attention)
             self.stats.write_calls += 1
             self.stats.written_blocks += len(to_write)
             for d, logits in zip(to_write, next_logits):
