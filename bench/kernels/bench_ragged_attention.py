@@ -6,7 +6,8 @@ of 32), for prefixes 512 / 2048 / 4096, 5 / 17 branches a request and 1 / 8 / 32
 Each point's first call of either path is timed apart (``*_first_call_ms``: the Triton compile of a new
 launch configuration, and the launch) from its steady state: ``*_ms``, the median device time of CUDA-graph
 replays (no Python launch cost), and ``*_eager_ms``, the median of calls launched from Python, as the
-engine launches them. ``max_rel_err``: the ragged kernel against the per-request loop; with ``--check-ref``
+engine launches them. ``splits``: the prefix splits the kernel takes (H200 profile), with ``ragged_one_pass_ms`` (one split)
+beside it when more than one (``--splits S``: S splits instead of the shape-based choice). ``max_rel_err``: the ragged kernel against the per-request loop; with ``--check-ref``
 (or ``--quick``) also ``ref_max_rel_err``, against the float32 twin (``ragged_attention_ref``).
 
 ``--lengths ragged``: request i's prefix is ``P * (i + 1) / n`` keys (1 to P) instead of P for every request.
@@ -21,6 +22,7 @@ from bench.kernels import _common as C  # first: sets TRITON_INTERPRET on CPU be
 import torch
 
 from specfold_compile.kernels import branch_attention, ragged_attention, ragged_attention_ref
+from specfold_compile.kernels.ragged_attention import ragged_splits
 from specfold_compile.ops.device_profile import H200
 
 PREFIXES = [512, 2048, 4096]
@@ -33,6 +35,8 @@ def extra_args(ap):
     ap.add_argument("--lengths", choices=("equal", "ragged"), default="equal",
                     help="every request's prefix P keys (equal), or 1..P spread over the requests (ragged)")
     ap.add_argument("--check-ref", action="store_true", help="also compare with the float32 reference")
+    ap.add_argument("--splits", type=int, default=None,
+                    help="the kernel's prefix split count (default: its shape-based choice, ragged_splits)")
 
 
 def _sync():
@@ -86,8 +90,9 @@ def main(argv=None):
                     (q, k, v, k_pool, v_pool), dev_args, (bounds, slots, lengths) = problem(
                         m, P, N, n_req, block, args.lengths, dev, dt, gen)
 
-                    def ragged():
-                        return ragged_attention(q, k, v, k_pool, v_pool, *dev_args, scale)
+                    def ragged(splits=args.splits):
+                        return ragged_attention(q, k, v, k_pool, v_pool, *dev_args, scale, splits=splits,
+                                                tuning=H200.attention)
 
                     def loop():
                         return torch.cat([branch_attention(q[a:e], k[a:e], v[a:e], k_pool[s, :, :L], v_pool[s, :, :L],
@@ -102,12 +107,16 @@ def main(argv=None):
                                ragged_eager_ms=C.bench(ragged, args.quick, graph=False),
                                loop_eager_ms=C.bench(loop, args.quick, graph=False),
                                max_rel_err=C.rel_err(out.float(), loop().float()))
+                    row["splits"] = args.splits or ragged_splits(n_req * N, block, m["hq"], m["hkv"], P, q.device,
+                                                                 H200.attention)
+                    if row["splits"] > 1:  # the split walk's gain over the one-pass launch
+                        row["ragged_one_pass_ms"] = C.bench(lambda: ragged(1), args.quick)
                     row["speedup"] = row["loop_ms"] / row["ragged_ms"]
                     row["eager_speedup"] = row["loop_eager_ms"] / row["ragged_eager_ms"]
                     if args.check_ref or args.quick:
                         ref = ragged_attention_ref(q, k, v, k_pool, v_pool, *dev_args, scale)
                         row["ref_max_rel_err"] = C.rel_err(out.float(), ref.float())
-                    print(f"ragged {mname} P={P} N={N} requests={n_req}: first call ragged "
+                    print(f"ragged {mname} P={P} N={N} requests={n_req} splits={row['splits']}: first call ragged "
                           f"{ragged_first:.1f} ms / loop {loop_first:.1f} ms; steady ragged {row['ragged_ms'] * 1e3:.1f} us "
                           f"vs loop {row['loop_ms'] * 1e3:.1f} us (graph), {row['ragged_eager_ms'] * 1e3:.1f} vs "
                           f"{row['loop_eager_ms'] * 1e3:.1f} us (eager)", flush=True)

@@ -83,11 +83,12 @@ def ragged_attention(q: Tensor, k: Tensor, v: Tensor, k_pool: Tensor, v_pool: Te
     bidirectionally (``causal``: causally), to its own block. Returns [R, B, Hq, D]: per request, what
     ``branch_attention`` gives on that request's rows and prefix alone.
 
-    The Triton kernel runs on CUDA and under the interpreter (TRITON_INTERPRET=1); elsewhere (the CPU)
-    the pure-torch reference does.
+    The Triton kernel runs on CUDA (its prefix split count from the default device profile) and under
+    the interpreter (TRITON_INTERPRET=1); elsewhere (the CPU) the pure-torch reference does.
     """
     if kernels.triton_available() and (q.is_cuda or _interpreting()):
-        return kernels.ragged_attention(q, k, v, k_pool, v_pool, bounds, slots, lengths, scale, causal)
+        return kernels.ragged_attention(q, k, v, k_pool, v_pool, bounds, slots, lengths, scale, causal,
+                                        tuning=H200.attention)
     return kernels.ragged_attention_ref(q, k, v, k_pool, v_pool, bounds, slots, lengths, scale, causal)
 
 

@@ -1,6 +1,7 @@
 """Ragged-prefix branch attention (one launch over several requests' rows, each against its own slot of a
 pool) against its pure-torch twin and against branch attention run per request on that request's sliced
-prefix: empty prefixes, lengths past the capacity, requests without rows, GQA, causal blocks, 64 requests."""
+prefix: empty prefixes, lengths past the capacity, requests without rows, GQA, causal blocks, the prefix
+split into ranges, 64 requests."""
 import math
 
 import pytest
@@ -67,6 +68,20 @@ def test_ragged_attention_matches_reference(counts, B, Hkv, G, D, C, causal, dty
     ref = ragged_attention_ref(*args, scale, causal)
     assert out.shape == args[0].shape and out.dtype == dtype
     torch.testing.assert_close(out, ref, **tol(dtype))
+
+
+@settings(deadline=None, max_examples=12)
+@given(counts=st.lists(st.integers(0, 3), min_size=1, max_size=3), B=st.integers(1, 5), Hkv=st.integers(1, 2),
+       G=st.sampled_from([1, 3]), C=st.sampled_from([1, 17, 40]), splits=st.integers(2, 4),
+       dtype=st.sampled_from(DTYPES), data=st.data(), seed=st.integers(0, 2**31 - 1))
+def test_ragged_attention_split_prefix(counts, B, Hkv, G, C, splits, dtype, data, seed):
+    """The prefix cut into 2-4 ranges of the capacity (states merged by the block kernel): the same as the
+    twin, ranges past a request's length (empty states) included."""
+    lengths = data.draw(st.lists(st.integers(0, C + 2), min_size=len(counts), max_size=len(counts)), label="lengths")
+    gen = torch.Generator().manual_seed(seed)
+    args = problem(counts, B, Hkv, G, 16, C, lengths, dtype, gen)
+    out = ragged_attention(*args, 0.25, splits=splits)
+    torch.testing.assert_close(out, ragged_attention_ref(*args, 0.25), **tol(dtype))
 
 
 @settings(deadline=None, max_examples=12)
@@ -139,3 +154,25 @@ def test_ragged_attention_bad_input(index, bad, name):
     args[index] = bad(args[index])
     with pytest.raises(ValueError, match=rf"^{name}: expected"):
         ragged_attention(*args, 0.3)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(splits=0), "^splits: expected None or an int >= 1, got 0"),
+    (dict(splits=2, causal=True), "^splits: causal attention runs in one pass"),
+    (dict(tuning="fast"), "^tuning: expected an AttentionTuning"),
+    (dict(config=(16, 16, 3, 1)), "^config: expected"),
+])
+def test_ragged_attention_bad_options(kw, message):
+    with pytest.raises(ValueError, match=message):
+        ragged_attention(*_good(), 0.3, **kw)
+
+
+def test_ragged_splits_off_the_gpu():
+    """The split count is a shape-only choice; one split under the interpreter or off the GPU, and with
+    ``tuning`` the default path takes it (here: one pass, the same values as splits=1)."""
+    from specfold_compile.kernels.ragged_attention import ragged_splits
+
+    assert ragged_splits(4, 32, 12, 2, 4096, torch.device("cpu"), ATT) == 1
+    args = _good()
+    torch.testing.assert_close(ragged_attention(*args, 0.3, tuning=ATT), ragged_attention(*args, 0.3, splits=1),
+                               rtol=0, atol=0)
