@@ -6,9 +6,11 @@ of 32), for prefixes 512 / 2048 / 4096, 5 / 17 branches a request and 1 / 8 / 32
 Each point's first call of either path is timed apart (``*_first_call_ms``: the Triton compile of a new
 launch configuration, and the launch) from its steady state: ``*_ms``, the median device time of CUDA-graph
 replays (no Python launch cost), and ``*_eager_ms``, the median of calls launched from Python, as the
-engine launches them. ``splits``: the prefix splits the kernel takes (H200 profile), with ``ragged_one_pass_ms`` (one split)
-beside it when more than one (``--splits S``: S splits instead of the shape-based choice). ``max_rel_err``: the ragged kernel against the per-request loop; with ``--check-ref``
-(or ``--quick``) also ``ref_max_rel_err``, against the float32 twin (``ragged_attention_ref``).
+engine launches them. ``splits``: the prefix splits the kernel takes (H200 profile), with
+``ragged_one_pass_ms`` (one split) beside it when more than one (``--splits S``: S splits instead of the
+shape-based choice). ``max_rel_err``: the ragged kernel against the per-request loop; with
+``--check-ref`` (or ``--quick``) also ``ref_max_rel_err``, against the float32 twin
+(``ragged_attention_ref``).
 
 ``--lengths ragged``: request i's prefix is ``P * (i + 1) / n`` keys (1 to P) instead of P for every request.
 """
@@ -116,10 +118,11 @@ def main(argv=None):
                     if args.check_ref or args.quick:
                         ref = ragged_attention_ref(q, k, v, k_pool, v_pool, *dev_args, scale)
                         row["ref_max_rel_err"] = C.rel_err(out.float(), ref.float())
-                    print(f"ragged {mname} P={P} N={N} requests={n_req} splits={row['splits']}: first call ragged "
-                          f"{ragged_first:.1f} ms / loop {loop_first:.1f} ms; steady ragged {row['ragged_ms'] * 1e3:.1f} us "
-                          f"vs loop {row['loop_ms'] * 1e3:.1f} us (graph), {row['ragged_eager_ms'] * 1e3:.1f} vs "
-                          f"{row['loop_eager_ms'] * 1e3:.1f} us (eager)", flush=True)
+                    print(f"ragged {mname} P={P} N={N} requests={n_req} splits={row['splits']}: first call "
+                          f"ragged {ragged_first:.1f} ms / loop {loop_first:.1f} ms; steady ragged "
+                          f"{row['ragged_ms'] * 1e3:.1f} us vs loop {row['loop_ms'] * 1e3:.1f} us (graph), "
+                          f"{row['ragged_eager_ms'] * 1e3:.1f} vs {row['loop_eager_ms'] * 1e3:.1f} us (eager)",
+                          flush=True)
                     rows.append(row)
     return C.emit("ragged_attention", rows, args)
 

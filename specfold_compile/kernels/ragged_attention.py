@@ -50,9 +50,9 @@ def _ragged_attn_kernel(
     stride_on, stride_ob, stride_oh,
     stride_os, stride_or, stride_ohs,
     stride_ls, stride_lr, stride_lh,
-    STATES: tl.constexpr, CAUSAL: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_J: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REQ: tl.constexpr, DOT_T: tl.constexpr,
-    PREC: tl.constexpr,
+    STATES: tl.constexpr, CAUSAL: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REQ: tl.constexpr,
+    DOT_T: tl.constexpr, PREC: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kvh = tl.program_id(1).to(tl.int64)
@@ -88,28 +88,27 @@ def _ragged_attn_kernel(
         tl.store(o_ptr + split * stride_os + row[:, None] * stride_or + head[:, None] * stride_ohs + dd[None, :],
                  o_s, mask=qmask)
         tl.store(lse_ptr + split * stride_ls + row * stride_lr + head * stride_lh, lse, mask=mvalid)
-        return
-    # the row's own block
-    jj = tl.arange(0, BLOCK_J)
-    jmask = jj < B
-    kv_mask = jmask[:, None] & dmask[None, :]
-    k = tl.load(k_ptr + n64 * stride_kn + jj[:, None] * stride_kb + kvh * stride_kh + dd[None, :],
-                mask=kv_mask, other=0.0).to(tl.float32)
-    v = tl.load(v_ptr + n64 * stride_vn + jj[:, None] * stride_vb + kvh * stride_vh + dd[None, :],
-                mask=kv_mask, other=0.0).to(tl.float32)
-    s = tl.dot(q_dot, tl.trans(k.to(DOT_T)), input_precision=PREC) * scale
-    allowed = jmask[None, :]
-    if CAUSAL:
-        allowed = allowed & (jj[None, :] <= b[:, None])
-    s = tl.where(allowed, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: key 0 is allowed for every position
-    alpha = tl.exp(m_i - m_new)  # 0 after an empty prefix (m_i = -inf)
-    p = tl.exp(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_T), v.to(DOT_T), input_precision=PREC)
-    o = acc / l_i[:, None]  # l_i >= 1: the row's own maximum contributes exp(0)
-    out_off = n64 * stride_on + b.to(tl.int64)[:, None] * stride_ob + head[:, None] * stride_oh + dd[None, :]
-    tl.store(out_ptr + out_off, o.to(out_ptr.dtype.element_ty), mask=qmask)
+    else:  # the row's own block, in the same online softmax
+        jj = tl.arange(0, BLOCK_J)
+        jmask = jj < B
+        kv_mask = jmask[:, None] & dmask[None, :]
+        k = tl.load(k_ptr + n64 * stride_kn + jj[:, None] * stride_kb + kvh * stride_kh + dd[None, :],
+                    mask=kv_mask, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + n64 * stride_vn + jj[:, None] * stride_vb + kvh * stride_vh + dd[None, :],
+                    mask=kv_mask, other=0.0).to(tl.float32)
+        s = tl.dot(q_dot, tl.trans(k.to(DOT_T)), input_precision=PREC) * scale
+        allowed = jmask[None, :]
+        if CAUSAL:
+            allowed = allowed & (jj[None, :] <= b[:, None])
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: key 0 is allowed for every position
+        alpha = tl.exp(m_i - m_new)  # 0 after an empty prefix (m_i = -inf)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_T), v.to(DOT_T), input_precision=PREC)
+        o = acc / l_i[:, None]  # l_i >= 1: the row's own maximum contributes exp(0)
+        out_off = n64 * stride_on + b.to(tl.int64)[:, None] * stride_ob + head[:, None] * stride_oh + dd[None, :]
+        tl.store(out_ptr + out_off, o.to(out_ptr.dtype.element_ty), mask=qmask)
 
 
 def ragged_config(rows_per_tile: int) -> tuple[int, int, int, int]:
