@@ -21,7 +21,9 @@ requests verify at once. For few rows over long prefixes the walk can be split (
 range of the capacity and row, and ``attention.py``'s block kernel merges them with the row's block (a
 second launch). The split count comes from the shapes and the capacity (``ragged_splits``), never the
 lengths; ranges past a request's length are empty states. ``bench/kernels/bench_ragged_attention.py``
-compares the kernel with ``branch_attention`` run per request.
+compares the kernel with ``branch_attention`` run per request. The request count enters the kernel
+rounded up to a power of two (the width of the ``bounds`` search), so a new power of two compiles it
+once more.
 """
 from __future__ import annotations
 

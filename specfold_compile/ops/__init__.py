@@ -7,7 +7,7 @@
   position-wise / mixing split of a decoder layer exact instead of pattern-matched.
 * ``specfold::ragged_attention`` is the serving engine's batched form of it: the concatenated rows of
   several requests, each request's rows against its own prefix in the ``KVPool`` (slot and length per
-  request, device tensors), in one launch (``kernels/ragged_attention.py``).
+  request, device tensors), in one launch, two for a split prefix (``kernels/ragged_attention.py``).
 
 All are ``torch.library.custom_op`` with fake implementations, so a rewritten graph can be traced again.
 

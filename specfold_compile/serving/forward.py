@@ -13,10 +13,10 @@ Both run the model's own modules (``BlockDiffusionLM``: ``embed_tokens``, each `
     (views of its pool slot), through the same op and the same shapes as the request's batch-1 forward
     (``ops.branch_attention`` for verification, ``scaled_dot_product_attention`` for block writes), so
     batching changes no request's numbers;
-  - ``"ragged"``: one ``ops.ragged_attention`` launch a layer over the rows of every request, each
+  - ``"ragged"``: one ``ops.ragged_attention`` call a layer over the rows of every request, each
     request's rows reading its own slot's prefix in place (slots, lengths and row bounds as device
     tensors, made once per pass): the same attention up to float rounding (the kernel sums in another
-    order), one launch instead of one per request;
+    order), in one launch (two where the kernel splits a long prefix) instead of one per request;
 
 * RoPE tables are made per request (its block's positions) and concatenated along the rows.
 
