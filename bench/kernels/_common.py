@@ -78,18 +78,21 @@ def configs(args):
     return models, BLOCK, prefixes, ns
 
 
-def bench(fn, quick=False) -> float:
-    """Median time of fn() in milliseconds."""
+def bench(fn, quick=False, graph=True) -> float:
+    """Median time of fn() in milliseconds: of CUDA-graph replays, or with ``graph=False`` of calls launched
+    from Python (their launch cost included where it exceeds the GPU's work)."""
     if torch.cuda.is_available() and not interpreting():
         import triton.testing
 
         fn()  # compile / autotune outside any graph capture
         torch.cuda.synchronize()
-        try:
-            # CUDA-graph replays: device time without the Python launch cost (as in deployment)
-            return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
-        except Exception:
-            return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        if graph:
+            try:
+                # CUDA-graph replays: device time without the Python launch cost (as in deployment)
+                return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
+            except Exception:
+                pass
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
     times = []
     for _ in range(1 if quick else 3):
         t0 = time.perf_counter()

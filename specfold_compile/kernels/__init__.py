@@ -19,6 +19,7 @@ from .attention_ref import (
 )
 from .gate_ref import fold_flags_ref, fold_gate_ref, resolve_folds_ref
 from .packed_linear_ref import packed_linear_ref
+from .ragged_attention_ref import ragged_attention_ref
 from .swiglu_ref import silu_mul_ref
 
 try:  # pragma: no cover - depends on the environment
@@ -36,6 +37,7 @@ if _TRITON_IMPORT_ERROR is None:
     from .gate import fold_gate, fold_gate_from_flags, resolve_folds
     from .interpreter_bf16 import refuse_broken_bf16
     from .packed_linear import packed_linear
+    from .ragged_attention import ragged_attention
     from .swiglu import silu_mul
 else:
     def _missing(name):
@@ -57,6 +59,7 @@ else:
     one_pass_attention = _missing("one_pass_attention")
     slot_attention = _missing("slot_attention")
     packed_linear = _missing("packed_linear")
+    ragged_attention = _missing("ragged_attention")
     silu_mul = _missing("silu_mul")
 
 
@@ -81,5 +84,5 @@ __all__ = [
     "prefix_attention", "prefix_attention_states", "block_attention", "branch_attention", "one_pass_attention",
     "slot_attention",
     "prefix_attention_ref", "block_attention_ref", "branch_attention_ref", "merge_states", "merge_split_states",
-    "packed_linear", "packed_linear_ref", "silu_mul", "silu_mul_ref",
+    "packed_linear", "packed_linear_ref", "silu_mul", "silu_mul_ref", "ragged_attention", "ragged_attention_ref",
 ]

@@ -66,6 +66,19 @@ def _walk_prefix(q_dot, k_base, v_base, stride_kp, stride_vp, p_lo, p_hi, scale,
 
 
 @triton.jit
+def _position_tile(mt, kvh, B, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Tile ``mt`` of a branch's B * G (position, query head) pairs of kv head ``kvh``: (position b, query
+    head, b < B, the head-dim offsets, their mask, the [BLOCK_M, BLOCK_D] load mask)."""
+    mi = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+    b = mi // G
+    head = kvh * G + mi % G
+    mvalid = b < B
+    dd = tl.arange(0, BLOCK_D)
+    dmask = dd < D
+    return b, head, mvalid, dd, dmask, mvalid[:, None] & dmask[None, :]
+
+
+@triton.jit
 def _prefix_attn_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, count_ptr, plen_ptr, scale,
     R, P, CHUNK, M_TILES, HKV, SPLITS,
@@ -149,13 +162,7 @@ def _block_attn_kernel(
     kvh = tl.program_id(1).to(tl.int64)
     n = (pid // N_MT).to(tl.int64)
     mt = pid % N_MT
-    mi = mt * BLOCK_M + tl.arange(0, BLOCK_M)
-    b = mi // G
-    head = kvh * G + mi % G
-    mvalid = b < B
-    dd = tl.arange(0, BLOCK_D)
-    dmask = dd < D
-    qmask = mvalid[:, None] & dmask[None, :]
+    b, head, mvalid, dd, dmask, qmask = _position_tile(mt, kvh, B, G, D, BLOCK_M, BLOCK_D)
     # query rows through the origin map
     qrow = tl.load(slot_ptr + n * stride_sn + b, mask=mvalid, other=0)
     q = tl.load(q_ptr + qrow[:, None] * stride_qr + head[:, None] * stride_qh + dd[None, :],

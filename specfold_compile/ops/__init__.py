@@ -5,8 +5,11 @@
 * ``specfold::branch_attention`` is the only op that mixes positions: every branch attends to the
   shared prefix cache and, bidirectionally, to its own block. Keeping it one node makes the
   position-wise / mixing split of a decoder layer exact instead of pattern-matched.
+* ``specfold::ragged_attention`` is the serving engine's batched form of it: the concatenated rows of
+  several requests, each request's rows against its own prefix in the ``KVPool`` (slot and length per
+  request, device tensors), in one launch, two for a split prefix (``kernels/ragged_attention.py``).
 
-Both are ``torch.library.custom_op`` with fake implementations, so a rewritten graph can be traced again.
+All are ``torch.library.custom_op`` with fake implementations, so a rewritten graph can be traced again.
 
 The package is the floor the backend and the models stand on: ``fold_ops`` (the ops a folded graph
 calls), ``stats`` (``collect_stats``), ``device_profile`` (the cost model's per-device numbers). It
@@ -15,6 +18,7 @@ imports only ``kernels``.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -61,3 +65,33 @@ def branch_attention(q: Tensor, k: Tensor, v: Tensor, k_pre: Tensor, v_pre: Tens
 @branch_attention.register_fake
 def _branch_attention_fake(q, k, v, k_pre, v_pre, scale, prefix_len=None):
     return torch.empty_like(q)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@torch.library.custom_op("specfold::ragged_attention", mutates_args=())
+def ragged_attention(q: Tensor, k: Tensor, v: Tensor, k_pool: Tensor, v_pool: Tensor, bounds: Tensor,
+                     slots: Tensor, lengths: Tensor, scale: float, causal: bool = False) -> Tensor:
+    """Branch attention of several requests' rows at once, each against its own pool prefix.
+
+    q: [R, B, Hq, D], k, v: [R, B, Hkv, D], the rows of all requests concatenated, request ``i`` owning
+    rows ``[bounds[i], bounds[i + 1])``; k_pool, v_pool: [S, Hkv, C, D], one layer of the ``KVPool``, read
+    in place; slots, lengths: [n], each request's slot and prefix length (integer device tensors, never
+    read back by the kernel). Each row attends to its request's first ``lengths[i]`` prefix keys and,
+    bidirectionally (``causal``: causally), to its own block. Returns [R, B, Hq, D]: per request, what
+    ``branch_attention`` gives on that request's rows and prefix alone.
+
+    The Triton kernel runs on CUDA (its prefix split count from the default device profile) and under
+    the interpreter (TRITON_INTERPRET=1); elsewhere (the CPU) the pure-torch reference does.
+    """
+    if kernels.triton_available() and (q.is_cuda or _interpreting()):
+        return kernels.ragged_attention(q, k, v, k_pool, v_pool, bounds, slots, lengths, scale, causal,
+                                        tuning=H200.attention)
+    return kernels.ragged_attention_ref(q, k, v, k_pool, v_pool, bounds, slots, lengths, scale, causal)
+
+
+@ragged_attention.register_fake
+def _ragged_attention_fake(q, k, v, k_pool, v_pool, bounds, slots, lengths, scale, causal=False):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)

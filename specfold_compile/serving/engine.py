@@ -31,7 +31,7 @@ from ..decoding.commit import confidence
 from ..decoding.defaults import CONFIDENCE_DTYPES
 from ..decoding.specfold import check_tau
 from .folded import verify_batch_folded
-from .forward import check_serving_model, verify_batch, write_blocks
+from .forward import check_attention, check_serving_model, verify_batch, write_blocks
 from .pool import KVPool, PoolExhausted
 from .request import RequestDecode, RequestParams
 
@@ -106,12 +106,14 @@ class Engine:
     a path, dict or ``DraftGraph``, None the default graph). ``tau``: SpecFold's fold threshold (a number
     >= 0, 0 folds nothing; needed by ``"specfold"`` and taken by no other mode). ``confidence_dtype``: as
     in ``generate``. ``max_waiting``: how many requests may queue for a slot (None: any number);
-    ``add_request`` raises ``PoolExhausted`` beyond it."""
+    ``add_request`` raises ``PoolExhausted`` beyond it. ``attention``: how the batched passes attend,
+    ``"per_request"`` or ``"ragged"`` (``forward``'s module docstring)."""
 
     def __init__(self, model, max_requests: int = 8, max_tokens_per_request: int = 1024, mode: str = "vanilla",
                  draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None,
-                 tau: float | None = None):
+                 tau: float | None = None, attention: str = "per_request"):
         check_serving_model(model)
+        self.attention = check_attention(attention)
         if not isinstance(mode, str) or mode not in SERVING_MODES:
             raise ValueError(f"mode: expected one of {SERVING_MODES}, got {mode!r}")
         tau = check_tau(tau)
@@ -268,14 +270,15 @@ class Engine:
             forced = [d.forced_fold_masks() for d in ready]
             logits, masks = verify_batch_folded(*args, [d.parents for d in ready],
                                                 [p.to(self.device) for p in positions], self.tau,
-                                                forced if all(m is not None for m in forced) else None)
+                                                forced if all(m is not None for m in forced) else None,
+                                                attention=self.attention)
             for d, m in zip(ready, masks):
                 m = m.cpu()
                 self._outputs[d.request_id].fold_masks.append(m)
                 self.stats.gated_draft_positions += int(m[:, 1:].numel())
                 self.stats.folded_draft_positions += int(m.sum())
         else:
-            logits = verify_batch(*args, [p.to(self.device) for p in positions])
+            logits = verify_batch(*args, [p.to(self.device) for p in positions], attention=self.attention)
         rules = self.model.config.decoding_rules
         conf, tok = confidence(torch.cat(logits), int(self.model.config.mask_token_id), self.confidence_dtype,
                                rules.argmax_of_probs)
@@ -311,7 +314,7 @@ class Engine:
             if not to_write:
                 return
             next_logits = write_blocks(self.model, self.pool, [d.slot for d in to_write],
-                                       [d.state.to(self.device) for d in to_write])
+                                       [d.state.to(self.device) for d in to_write], attention=self.attention)
             self.stats.write_calls += 1
             self.stats.written_blocks += len(to_write)
             for d, logits in zip(to_write, next_logits):

@@ -28,7 +28,7 @@ from torch import Tensor
 from ..models.checks import validate_parents
 from ..models.layers import PositionTables
 from ..reference import FoldGates, check_gate, folded_layers, gate_count, packed_tables
-from .forward import _row_tables, attend_requests, request_logits, row_bounds
+from .forward import _row_tables, attend_requests, request_logits, request_rows
 from .pool import KVPool
 
 __all__ = ["verify_batch_folded"]
@@ -81,7 +81,7 @@ def _forced_masks(fold_masks: list, counts: list[int], gates: int, block: int, d
 @torch.no_grad()
 def verify_batch_folded(model, pool: KVPool, slots: list[int], rows: list[Tensor], parents: list,
                         logit_positions: list[Tensor], tau: float, fold_masks: list | None = None,
-                        gate: str = "layer") -> tuple[list[Tensor], list[Tensor]]:
+                        gate: str = "layer", attention: str = "per_request") -> tuple[list[Tensor], list[Tensor]]:
     """One folded verification forward for several requests (module docstring).
 
     ``rows[i]``: request ``i``'s tokens int64 ``[N_i, B]`` (row 0 its main branch), verified against the
@@ -90,7 +90,7 @@ def verify_batch_folded(model, pool: KVPool, slots: list[int], rows: list[Tensor
     p`` of its rows whose logits are wanted; ``tau``: the fold threshold (``>= 0``; 0 folds nothing);
     ``gate``: ``"layer"`` (one gate a decoder layer) or ``"sublayer"`` (the MLP re-gated at ``h_mid``).
     ``fold_masks[i]`` (optional, bool ``[G, N_i, B]``, G the gates): request ``i``'s folds forced instead
-    of gated (SPEC P4).
+    of gated (SPEC P4). ``attention``: ``"per_request"`` or ``"ragged"``, as in ``forward.verify_batch``.
 
     Returns ``(logits, masks)``: each request's logits ``[M_i, V]`` at its ``logit_positions``, and each
     request's fold masks, bool ``[G, N_i, B]`` (gate ``g``'s mask of its rows), in the given order.
@@ -101,7 +101,8 @@ def verify_batch_folded(model, pool: KVPool, slots: list[int], rows: list[Tensor
     block = int(rows[0].shape[1])
     tokens = torch.cat(rows)
     device = tokens.device
-    bounds = row_bounds(counts)
+    owners = request_rows(pool, slots, counts, attention)
+    bounds = owners.bounds
     n_gates = gate_count(len(model.layers), gate)
     forced = None if fold_masks is None else _forced_masks(fold_masks, counts, n_gates, block, device)
     gates = FoldGates(_offset_parents(parents, counts, bounds, device), tau, forced)
@@ -111,7 +112,7 @@ def verify_batch_folded(model, pool: KVPool, slots: list[int], rows: list[Tensor
                           None if pos.q_scale is None else pos.q_scale.flatten(0, 1))  # per flat row n * B + b
 
     def attend(index, layer, q, k, v):
-        return attend_requests(q, k, v, pool, slots, bounds, index, layer.scale)
+        return attend_requests(q, k, v, pool, index, owners, layer.scale, attention)
 
     h = folded_layers(model.layers, model.embed_tokens(tokens), gates, lambda r: packed_tables(flat, r), attend,
                       gate)

@@ -10,6 +10,7 @@ slot's prefix as views of the buffers (``prefix``): the first ``length`` positio
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 __all__ = ["KVPool", "PoolExhausted", "check_pool_size"]
@@ -48,6 +49,7 @@ class KVPool:
         self.keys: list[Tensor] = [weight.new_zeros(shape) for _ in range(cfg.num_layers)]
         self.values: list[Tensor] = [weight.new_zeros(shape) for _ in range(cfg.num_layers)]
         self.max_requests = max_requests
+        self.device = weight.device
         self.capacity = max_tokens_per_request
         self.lengths = [0] * max_requests
         self._free = list(range(max_requests))
@@ -103,6 +105,13 @@ class KVPool:
         """``slot``'s prefix K and V of ``layer``: views ``[Hkv, length, D]`` of the pool's buffers."""
         length = self.lengths[slot]
         return self.keys[layer][slot, :, :length], self.values[layer][slot, :, :length]
+
+    def device_lengths(self, slots: list[int]) -> Tensor:
+        """The prefix lengths of ``slots`` as an int32 tensor ``[len(slots)]`` on the pool's device (what
+        the ragged attention kernel loads; made from the host-side lengths, no read back)."""
+        for slot in slots:
+            self._check_slot(slot)
+        return torch.tensor([self.lengths[s] for s in slots], dtype=torch.int32, device=self.device)
 
     def append(self, slot: int, layer: int, k: Tensor, v: Tensor) -> None:
         """Write a block's K and V (``[Hkv, S, D]``) of ``layer`` right after ``slot``'s prefix; the length

@@ -165,9 +165,9 @@ def test_a_specfold_replay_forces_the_recorded_fold_masks(trace, tmp_path, monke
     assert all(c["fold_masks"] is not None for c in calls) and any(c["fold_masks"][:, 1:].any() for c in calls)
     seen, real = [], engine.verify_batch_folded
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         seen.append(args[7])
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(engine, "verify_batch_folded", spy)
     data = _replay(trace, tmp_path / "sf.json", "--modes", "specfold", "--concurrency", "1", "--requests", "2",

@@ -260,3 +260,20 @@ def test_specfold_folds_and_counts(model):
         ratios[tau], tokens[tau] = stats.recompute_ratio, [o.tokens for o in outs]
     assert ratios[0.0] == 1.0 and ratios[1e9] < ratios[0.2] < 1.0
     assert tokens[1e9] != tokens[0.0]
+
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_ragged_attention_path_folds_alike(family):
+    """attention="ragged": the per-request path's fold masks forced, the same logits to float32 rounding
+    (the kernel sums the prefix in another order), empty prefixes and ragged branch counts included."""
+    model = tiny_model(family)
+    gen = torch.Generator().manual_seed(11)
+    with torch.inference_mode():
+        pool, _, slots, rows, parents, positions = _requests(model, [0, 17, 40], [1, 7, 4], gen)
+        base, masks = verify_batch_folded(model, pool, slots, rows, parents, positions, 0.2)
+        ragged, again = verify_batch_folded(model, pool, slots, rows, parents, positions, 0.2, fold_masks=masks,
+                                            attention="ragged")
+    assert any(m.any() for m in masks) and all(torch.equal(a, b) for a, b in zip(again, masks))
+    for a, b in zip(ragged, base):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
