@@ -190,6 +190,8 @@ def end_to_end_panels(rows: list[dict]) -> list[tuple[str, list[tuple[str, str, 
             value = r["projected_tokens_per_s"]
         elif "tokens_per_s" in r:
             title = r.get("kind") or (f"{r['model']}, trace-driven" if r.get("trace_driven") else f"{r['model']}, measured")
+            if r.get("fuse_boundaries"):
+                title += ",\nfused block boundaries"
             value = r["tokens_per_s"]
         else:
             continue
@@ -255,10 +257,10 @@ def plot_results(path: str | Path) -> Path:
 
 def _point(row: dict) -> tuple:
     """What a row measured (a re-measurement of the same point replaces it): a per_check point, one part
-    of a breakdown row set (``part``, absent from per_check rows), an end-to-end row (``task``) or a
-    batched one (``concurrency``, ``arrival``)."""
+    of a breakdown row set (``part``, absent from per_check rows), an end-to-end row (``task``; its loop
+    with or without fused block boundaries) or a batched one (``concurrency``, ``arrival``)."""
     return tuple(row.get(k) for k in ("model", "prefix", "n_branches", "mode", "target_ratio", "what", "part", "task",
-                                      "trace_driven", "concurrency", "arrival"))
+                                      "trace_driven", "fuse_boundaries", "concurrency", "arrival"))
 
 
 def merge_results(out: str | Path, inputs: list[str | Path]) -> Path:

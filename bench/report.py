@@ -211,24 +211,31 @@ E2E_MODES = {"vanilla": "vanilla", "spiffy": "Spiffy, eager", "spiffy_compiled":
              "specfold": "SpecFold"}
 
 
+BOUNDARIES = {False: "separate", True: "fused"}  # generate(fuse_boundaries=...) of a trace-driven row
+
+
 def _e2e_ratio(data: dict, row: dict) -> str:
-    base = _one(data, model=row["model"], task=row["task"], mode="spiffy_compiled", trace_driven=row["trace_driven"])
+    base = _one(data, model=row["model"], task=row["task"], mode="spiffy_compiled", trace_driven=row["trace_driven"],
+                fuse_boundaries=row.get("fuse_boundaries"))
     return f"{row['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else ""
 
 
 def render_e2e_headline(data: dict) -> list[str]:
-    """README's table: trace-driven tokens/s per shape and task, each mode, SpecFold against Spiffy under
-    Inductor in the same loop."""
+    """README's table: trace-driven tokens/s per shape, task and block-boundary handling, each mode,
+    SpecFold against Spiffy under Inductor in the same loop."""
     rows = []
     for model in SHAPES:
-        for task in dict.fromkeys(r["task"] for r in _rows(data, model=model, trace_driven=True)):
-            by_mode = {m: _one(data, model=model, task=task, mode=m, trace_driven=True) for m in E2E_MODES}
-            if not all(by_mode.values()):
-                continue
-            sf = by_mode["specfold"]
-            rows.append([SHAPES[model], task] + [f"{by_mode[m]['tokens_per_s']:.0f}" for m in E2E_MODES]
-                        + [_e2e_ratio(data, sf), f"{100 * sf['host_ms'] / sf['step_ms']:.0f}%"])
-    return _table(["shape", "task"] + [f"{w} (tokens/s)" for w in E2E_MODES.values()]
+        for fused in BOUNDARIES:
+            for task in dict.fromkeys(r["task"] for r in _rows(data, model=model, trace_driven=True)):
+                by_mode = {m: _one(data, model=model, task=task, mode=m, trace_driven=True, fuse_boundaries=fused)
+                           for m in E2E_MODES}
+                if not all(by_mode.values()):
+                    continue
+                sf = by_mode["specfold"]
+                rows.append([SHAPES[model], task, BOUNDARIES[fused]]
+                            + [f"{by_mode[m]['tokens_per_s']:.0f}" for m in E2E_MODES]
+                            + [_e2e_ratio(data, sf), f"{100 * sf['host_ms'] / sf['step_ms']:.0f}%"])
+    return _table(["shape", "task", "block boundaries"] + [f"{w} (tokens/s)" for w in E2E_MODES.values()]
                   + ["SpecFold / Spiffy, Inductor", "host share of a SpecFold step"], rows)
 
 
@@ -239,9 +246,10 @@ def render_end_to_end(data: dict) -> list[str]:
         lines += ["Trace-driven at the real shapes (random bf16 weights; every call, seed, fold mask and accepted "
                   "draft forced from the shipped model's record; trace reproduced: the replay made exactly the "
                   "recorded calls and tokens):", ""]
-        lines += _table(["shape", "task", "mode", "tokens/s", "NFE", "step (ms)", "host (ms)", "TTFT (ms)",
-                         "/ Spiffy, Inductor", "trace reproduced"],
-                        [[SHAPES.get(r["model"], r["model"]), r["task"], E2E_MODES[r["mode"]],
+        lines += _table(["shape", "task", "block boundaries", "mode", "tokens/s", "NFE", "step (ms)", "host (ms)",
+                         "TTFT (ms)", "/ Spiffy, Inductor", "trace reproduced"],
+                        [[SHAPES.get(r["model"], r["model"]), r["task"], BOUNDARIES[bool(r.get("fuse_boundaries"))],
+                          E2E_MODES[r["mode"]],
                           f"{r['tokens_per_s']:.0f}", _f(r["nfe"]), _f(r["step_ms"]), _f(r["host_ms"]),
                           _f(r["ttft_ms"], 1), _e2e_ratio(data, r), "yes" if r["trace_reproduced"] else "NO"]
                          for r in traced])
@@ -369,9 +377,10 @@ SECTIONS = [
             "logits, their confidences copied back), random bf16 weights, a 512-token prefix in a static "
             "cache of 768 keys, ms, median of 20 calls.", render_decode_loop),
     Section("Whole decodes, end to end", "h200/end_to_end.json",
-            "python -m bench.trace_driven record --device cpu --limit 4 [--grid] --out TRACE.pt, then python -m "
-            "bench.trace_driven replay --trace TRACE.pt --models MODEL --repeats 3 (one run per shape; NLD-3B replays the "
-            "--grid record); the shipped model's rows: python -m bench.end_to_end --device cuda --limit 8 "
+            "python -m bench.trace_driven record --device cpu --limit 4 [--grid | --fuse-boundaries] --out "
+            "TRACE.pt, then python -m bench.trace_driven replay --trace TRACE.pt --models MODEL --repeats 3 (one "
+            "run per shape and record; NLD-3B replays the --grid record, the fused rows the --fuse-boundaries "
+            "one); the shipped model's rows: python -m bench.end_to_end --device cuda --limit 8 "
             "--repeats 2; merged with python -m bench.plot bench/results/h200/end_to_end.json RUN.json ...",
             "Every forward, block write, copy and host step of a decode, CUDA graphs on, the device loop "
             "(`generate(..., loop=\"device\")`); up to 96 new tokens, draft budget 16, tau 0.1. Trace-driven: "
@@ -390,39 +399,31 @@ SECTIONS = [
             "Accuracy, speed, recompute ratio and draft fidelity of SpecFold decoding at each tau "
             "(CPU, one thread; on shared cores its tokens/s swing with the load, the eval's are steadier).",
             render_sweep),
-]
-
-
-# Sections whose result file is not committed yet: their command until it is, then their tables (move
-# them into SECTIONS then: tests/docs/test_benchmarks_doc.py requires the files of those).
-PENDING = [
     Section("Many requests at once: the serving engine", "h200/batched.json",
             "python -m bench.batched record --out batched_trace.pt, then python -m bench.batched replay --trace "
-            "batched_trace.pt --device cuda --models MODEL --concurrency 1,4,16,64 --out RUN.json (one run per "
-            "shape: fast-dllm-v2-1.5b, fast-dllm-v2-7b), merged with python -m bench.plot "
-            "bench/results/h200/batched.json RUN.json ...",
+            "batched_trace.pt --device cuda --models MODEL --modes vanilla,spiffy,specfold --concurrency 1,16,64 "
+            "--out RUN.json (one run per shape: fast-dllm-v2-1.5b, fast-dllm-v2-7b), merged with python -m "
+            "bench.plot bench/results/h200/batched.json RUN.json ...",
             "The serving `Engine` (docs/serving.md) at each concurrency C (its slots), random bf16 weights of the "
             "real shapes, trace-driven: every request makes the calls, accepted drafts and tokens of the shipped "
             "model's request served through the engine (trace reproduced: every request did). Closed arrivals: C "
             "clients, each sending its next request as its last one ends; "
             "tokens/s: all requests' tokens over the wall time, latency per request from its admission; peak "
-            "memory: `torch.cuda.max_memory_allocated()` (weights, KV pool, activations). Spiffy, Inductor: the "
-            "decoder layers' position-wise pieces under `torch.compile(dynamic=True)`, attention eager.",
+            "memory: `torch.cuda.max_memory_allocated()` (weights, KV pool, activations). Every mode runs the "
+            "engine's eager batched forward, attention per request; SpecFold (tau 0.1) is its batched folded "
+            "forward (`serving/folded.py`, the reference's PyTorch, origins resolved on the host) with each "
+            "call's recorded fold masks forced.",
             render_batched),
 ]
-
 
 def render(results: Path = RESULTS) -> str:
     lines = ["# Benchmarks", "",
              "Generated by `python -m bench.report > docs/benchmarks.md` from the files under "
              "`bench/results/`; each section names its file, the command that wrote it, and the hardware "
              "and versions it records. Plots: `python -m bench.plot FILE.json`.", ""]
-    for s in SECTIONS + PENDING:
+    for s in SECTIONS:
         path = results / s.path
         if not path.exists():
-            if s in PENDING:  # its command, until its file is committed
-                lines += [f"## {s.title}", "", s.what, "", f"- file: `bench/results/{s.path}` (not measured yet)",
-                          f"- command: `{s.command}`", ""]
             continue
         data = json.loads(path.read_text())
         lines += [f"## {s.title}", "", s.what, "",
