@@ -113,8 +113,8 @@ class VerifyGraphs:
         self.graphs: dict[tuple[int, int | None, int], _Graph] = {}  # (N, padded M, window)
         self.captures = 0                   # verification calls: shapes captured, calls replayed
         self.replays = 0
-        # (block length, causal, compiled, window, next block verified with it)
-        self.write_graphs: dict[tuple[int, bool, bool, int], _Graph] = {}
+        # (block length, causal, compiled, next block verified with it, window)
+        self.write_graphs: dict[tuple[int, bool, bool, bool, int], _Graph] = {}
         self.write_captures = 0             # block writes (write_block)
         self.write_replays = 0
         self._pool = None

@@ -28,9 +28,9 @@ import warnings
 import torch
 
 from ..models.checks import loop_built_rows
+from . import boundaries
 from .commit import block_finished, confidence
 from .cuda_graphs import VerifyGraphs
-from . import boundaries
 from .decoder import GenerateResult, StepStats, _model_consts
 from .device_step import STATUS_FIELDS, DraftTables, StepRules, step_from_confidences
 from .dynamic import mark_dynamic_shapes
@@ -89,7 +89,8 @@ class DeviceDecoder:
         self.compile_error: str | None = None
         self.tables = None if graph is None or rules.draft_budget == 0 else DraftTables.from_graph(graph, device)
         self.buffers = StepBuffers(1 + rules.draft_budget, rules.block_size, device)
-        self.captured: dict[tuple, object] = {}  # (rows, window) -> replay, on the static cache below
+        # (rows, window) -> replay, on the static cache below; "first": first_step's bookkeeping
+        self.captured: dict[tuple | str, object] = {}
         self.cache = None
         self.captures = self.replays = 0
 
@@ -212,8 +213,8 @@ def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_b
     ``compile_step``: ``DeviceDecoder``'s; ``forward``: the verification call, None: ``model`` itself).
     ``trace``: a ``step_forcing.StepRecorder`` (records every step's outcome and every seed) or
     ``StepForcing`` (replays a record), for trace-driven benchmarks. ``fuse_boundaries``: as in
-    ``generate``; the guess of a seed is the last step's status word's ``seed_guess``, and the fused
-    pass's first step runs its bookkeeping launched (``DeviceDecoder.first_step``)."""
+    ``generate``; the guess of a seed is the last step's status word's ``seed_guess``, and a fused
+    block's first step runs only its bookkeeping (``DeviceDecoder.first_step``)."""
     B, sb, mask_id, eos_id = _model_consts(model)
     fam = model.config.decoding_rules
     layout = layout_prompt(prompt_ids, B, fam.prompt_on_block_grid)
