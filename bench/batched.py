@@ -57,7 +57,7 @@ POSITION_WISE = ("qkv", "attn_out", "mlp_out")  # DecoderLayer's pieces the engi
 
 
 def serving_modes() -> tuple[str, ...]:
-    """The modes the engine serves: each gets its rows (SpecFold's appear once the engine takes it)."""
+    """The modes the engine serves (``serving.SERVING_MODES``): each gets its rows."""
     from specfold_compile.serving import SERVING_MODES
 
     return tuple(SERVING_MODES)
@@ -125,12 +125,14 @@ class _Forcing:
 
     def forced_fold_masks(self):
         """A SpecFold record's masks of this call: gate ``g`` of the replay model takes the record's gate
-        ``g * G_record // G`` (as ``bench.trace_driven`` maps them), so the replay's work is the record's."""
+        ``g * G_record // G`` (``step_forcing.recorded_gates``, as ``bench.trace_driven`` maps them), so
+        the replay's work is the record's."""
         masks = self.forced["calls"][len(self.steps)].get("fold_masks")
         if masks is None:
             return None
-        g_rec, g = masks.shape[0], self.gates
-        return masks[[i * g_rec // g for i in range(g)]]
+        from specfold_compile.decoding.step_forcing import recorded_gates
+
+        return masks[recorded_gates(masks.shape[0], self.gates)]
 
     def accept(self, conf_masked, tok_masked):
         call = self.forced["calls"][len(self.steps)]

@@ -22,7 +22,14 @@ from torch import Tensor
 
 from .device_step import STATUS_FIELDS
 
-__all__ = ["RecordedStep", "StepRecorder", "StepForcing", "snapshot"]
+__all__ = ["RecordedStep", "StepRecorder", "StepForcing", "snapshot", "recorded_gates"]
+
+
+def recorded_gates(recorded: int, gates: int) -> Tensor:
+    """Which of a record's ``recorded`` gates each of a replaying model's ``gates`` takes: gate ``g`` the
+    record's gate ``g * recorded // gates`` (int64 [gates]), so a deeper model spreads the record's masks
+    over its layers in order."""
+    return torch.arange(gates) * recorded // gates
 
 
 @dataclass
@@ -104,7 +111,7 @@ class StepForcing:
         self.fold_masks = torch.zeros((max(gates, 1), R, B), dtype=torch.bool, device=device)
         if recorded and gates:
             g_rec = recorded[0].shape[0]
-            pick = torch.arange(gates) * g_rec // gates
+            pick = recorded_gates(g_rec, gates)
             empty = torch.zeros((g_rec, R, B), dtype=torch.bool)
             masks = torch.stack([empty if s.masks is None else s.masks for s in steps])
             self.masks = masks[:, pick].to(device)
