@@ -63,12 +63,17 @@ else:
     silu_mul = _missing("silu_mul")
 
 
+def interpreting() -> bool:
+    """Triton's CPU interpreter is on (TRITON_INTERPRET set and not 0)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def triton_available() -> bool:
     """True when the Triton launchers can run: triton imports and either a CUDA device is present
     or the interpreter is enabled (TRITON_INTERPRET=1)."""
     if _TRITON_IMPORT_ERROR is not None:
         return False
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if interpreting():
         return True
     try:
         import torch
@@ -79,7 +84,7 @@ def triton_available() -> bool:
 
 
 __all__ = [
-    "triton_available", "refuse_broken_bf16", "AttentionTuning",
+    "triton_available", "interpreting", "refuse_broken_bf16", "AttentionTuning",
     "fold_gate", "fold_gate_from_flags", "resolve_folds", "fold_gate_ref", "fold_flags_ref", "resolve_folds_ref",
     "prefix_attention", "prefix_attention_states", "block_attention", "branch_attention", "one_pass_attention",
     "slot_attention",

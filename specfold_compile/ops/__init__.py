@@ -18,7 +18,6 @@ imports only ``kernels``.
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -67,10 +66,6 @@ def _branch_attention_fake(q, k, v, k_pre, v_pre, scale, prefix_len=None):
     return torch.empty_like(q)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 @torch.library.custom_op("specfold::ragged_attention", mutates_args=())
 def ragged_attention(q: Tensor, k: Tensor, v: Tensor, k_pool: Tensor, v_pool: Tensor, bounds: Tensor,
                      slots: Tensor, lengths: Tensor, scale: float, causal: bool = False) -> Tensor:
@@ -86,7 +81,7 @@ def ragged_attention(q: Tensor, k: Tensor, v: Tensor, k_pool: Tensor, v_pool: Te
     The Triton kernel runs on CUDA (its prefix split count from the default device profile) and under
     the interpreter (TRITON_INTERPRET=1); elsewhere (the CPU) the pure-torch reference does.
     """
-    if kernels.triton_available() and (q.is_cuda or _interpreting()):
+    if kernels.triton_available() and (q.is_cuda or kernels.interpreting()):
         return kernels.ragged_attention(q, k, v, k_pool, v_pool, bounds, slots, lengths, scale, causal,
                                         tuning=H200.attention)
     return kernels.ragged_attention_ref(q, k, v, k_pool, v_pool, bounds, slots, lengths, scale, causal)
