@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .kernels.attention_ref import branch_attention_ref
-from .kernels.gate_ref import fold_flags_ref, resolve_folds_ref
+from .kernels.gate_ref import fold_flags_ref, resolve_folds_jump
 from .models.transformer import BlockDiffusionLM, PositionTables, PrefixCache
 
 __all__ = ["folded_verify", "check_tau", "gate_count", "FoldGates", "folded_layers", "packed_tables", "GATES"]
@@ -47,15 +47,17 @@ def gate_count(num_layers: int, gate: str = "layer", fold_head: bool = False) ->
     return (2 if gate == "sublayer" else 1) * num_layers + int(fold_head)
 
 
-def _gate(h: Tensor, parents: Tensor, tau: Tensor, forced: Tensor | None) -> Tensor:
-    if forced is None:
-        return fold_flags_ref(h, parents, tau.to(h.device))
-    if forced.shape != h.shape[:2] or forced.dtype != torch.bool:
-        raise ValueError(f"fold_masks: expected bool masks of shape {tuple(h.shape[:2])}, got "
-                         f"{forced.dtype} {tuple(forced.shape)}")
-    if bool(forced[0].any()):
+def _check_forced(fold_masks: list[Tensor], rows: int) -> list[Tensor]:
+    """The forced masks checked once for the whole forward (one host read, not one a gate)."""
+    masks = list(fold_masks)
+    for m in masks:
+        if not isinstance(m, Tensor) or m.dtype != torch.bool or m.dim() != 2 or m.shape != masks[0].shape \
+                or m.shape[0] != rows:
+            raise ValueError(f"fold_masks: expected bool masks of one shape [{rows}, B], got "
+                             f"{getattr(m, 'dtype', type(m).__name__)} {tuple(getattr(m, 'shape', ()))}")
+    if masks and bool(torch.stack([m[0] for m in masks]).any()):
         raise ValueError("fold_masks: row 0 (the main branch) never folds")
-    return forced.to(h.device)
+    return masks
 
 
 class FoldGates:
@@ -63,17 +65,29 @@ class FoldGates:
     ``[0, n)``, such as a main branch's ``-1``, never folds). Each call ``gates(h)`` on a residual stream
     ``h`` [N, B, C] evaluates the next gate (or takes the next of the forced ``fold_masks``, SPEC P4),
     keeps its mask in ``masks`` and returns the packing (SPEC section 2, steps 1-2): the computed rows
-    (flat ``n * B + b``, in order) and each position's origin slot among them, [N, B]."""
+    (flat ``n * B + b``, in order) and each position's origin slot among them, [N, B]. The origins are
+    resolved by tensor ops (``resolve_folds_jump``); the one host read a gate is the computed rows'
+    count, which sizes the packed batch."""
 
     def __init__(self, parents: Tensor, tau: float | Tensor, fold_masks: list[Tensor] | None = None):
         self.parents, self.tau = parents, check_tau(tau)
-        self._forced = iter(fold_masks) if fold_masks is not None else None
+        forced = None if fold_masks is None else _check_forced(fold_masks, int(parents.shape[0]))
+        self._forced = iter(forced) if forced is not None else None
         self.masks: list[Tensor] = []
 
+    def _fold(self, h: Tensor) -> Tensor:
+        if self._forced is None:
+            return fold_flags_ref(h, self.parents, self.tau.to(h.device))
+        forced = next(self._forced)
+        if forced.shape != h.shape[:2]:
+            raise ValueError(f"fold_masks: expected bool masks of shape {tuple(h.shape[:2])}, got "
+                             f"{forced.dtype} {tuple(forced.shape)}")
+        return forced.to(h.device)
+
     def __call__(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        fold = _gate(h, self.parents, self.tau, next(self._forced) if self._forced is not None else None)
+        fold = self._fold(h)
         self.masks.append(fold)
-        _, rows, count, slot = resolve_folds_ref(fold, self.parents)
+        _, rows, count, slot = resolve_folds_jump(fold, self.parents)
         return rows[: int(count)], slot
 
 

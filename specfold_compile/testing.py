@@ -307,17 +307,17 @@ def compile_run(model, tokens, parents, cache, reset: bool = True, **options):
 def recording_reference_gates():
     """Record the residual stream the reference evaluates (or forces) every gate on: list of (h, parents)."""
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
-    orig = reference._gate
+    orig = reference.FoldGates._fold
 
-    def gate(h, parents, tau, forced):
-        seen.append((h.detach().clone(), parents.clone()))
-        return orig(h, parents, tau, forced)
+    def fold(gates, h):
+        seen.append((h.detach().clone(), gates.parents.clone()))
+        return orig(gates, h)
 
-    reference._gate = gate
+    reference.FoldGates._fold = fold
     try:
         yield seen
     finally:
-        reference._gate = orig
+        reference.FoldGates._fold = orig
 
 
 def relative_residual(h: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:

@@ -77,6 +77,29 @@ def resolve_folds_ref(fold: torch.Tensor, parents: torch.Tensor, invalid_flag: t
     return origin, rows, count.to(torch.int64), slot
 
 
+def resolve_folds_jump(fold: torch.Tensor, parents: torch.Tensor):
+    """``resolve_folds_ref``'s four outputs by tensor ops alone: no loop over rows and no host read, so a
+    large batch of rows resolves in a few launches. Origins by pointer jumping: each position links to
+    the same position of its parent row where it folds (else to itself, a fixed point); after ``j``
+    rounds of ``link = link[link]`` a link is ``2^j`` steps up its fold chain, so ``ceil(log2(N - 1))``
+    rounds reach every chain's computed end. The computed rows come first in flat order by a stable
+    sort of the folded flags, the tail zeroed as in ``resolve_folds_ref``."""
+    N, B = fold.shape
+    dev = fold.device
+    parents = parents.to(dev)
+    flat = torch.arange(N * B, device=dev, dtype=torch.int64).view(N, B)
+    fold = fold & valid_parent_rows(parents)[:, None]
+    link = torch.where(fold, safe_parents(parents)[:, None] * B + flat[0], flat).reshape(-1)
+    for _ in range(max(N - 2, 0).bit_length()):  # ceil(log2(N - 1)): the longest chain has N - 1 links
+        link = link[link]
+    computed = ~fold.reshape(-1)
+    count = computed.sum()
+    order = torch.sort(fold.reshape(-1).to(torch.uint8), stable=True).indices  # computed rows first, in order
+    rows = torch.where(torch.arange(N * B, device=dev) < count, order, 0)
+    pos = torch.cumsum(computed.long(), 0) - 1
+    return link.view(N, B), rows, count, pos[link].view(N, B)
+
+
 def fold_gate_ref(h: torch.Tensor, parents: torch.Tensor, tau: torch.Tensor, invalid_flag: torch.Tensor | None = None):
     """(fold_mask, origin, rows, count, slot); see specfold_compile.kernels.gate.fold_gate."""
     fold = fold_flags_ref(h, parents, tau)

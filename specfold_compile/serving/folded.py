@@ -72,9 +72,11 @@ def _forced_masks(fold_masks: list, counts: list[int], gates: int, block: int, d
             raise ValueError(f"fold_masks[{i}]: expected a bool tensor [{gates}, {n}, {block}] (one [N, B] mask a "
                              f"gate), got {getattr(m, 'dtype', type(m).__name__)} "
                              f"{tuple(getattr(m, 'shape', ()))}")
-        if bool(m[:, 0].any()):
-            raise ValueError(f"fold_masks[{i}]: row 0 (the request's main branch) never folds")
         out.append(m.to(device))
+    main_folds = torch.stack([m[:, 0].any() for m in out])  # one host read for every request
+    if bool(main_folds.any()):
+        raise ValueError(f"fold_masks[{int(main_folds.nonzero()[0])}]: row 0 (the request's main branch) never "
+                         f"folds")
     return list(torch.cat(out, dim=1))
 
 

@@ -6,7 +6,7 @@ pytest.importorskip("triton")
 
 from specfold_compile.kernels import (fold_gate, fold_gate_from_flags, fold_gate_ref, resolve_folds,  # noqa: E402
                                      resolve_folds_ref)
-from specfold_compile.kernels.gate_ref import fold_flags_ref  # noqa: E402
+from specfold_compile.kernels.gate_ref import fold_flags_ref, resolve_folds_jump  # noqa: E402
 from specfold_compile.testing import DEVICE, DTYPES, randn  # noqa: E402
 
 SETTINGS = dict(deadline=None, max_examples=12)
@@ -123,6 +123,37 @@ def test_resolve_folds_matches_ref(N, B, p_fold, chain, seed):
     ref = resolve_folds_ref(fold, parents)
     for a, b in zip(out, ref):
         assert torch.equal(a.cpu(), b.cpu())
+
+
+@settings(deadline=None, max_examples=40)
+@given(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=5), B=st.integers(1, 8), p_fold=st.floats(0, 1),
+       p_invalid=st.sampled_from([0.0, 0.2]), seed=st.integers(0, 2**31 - 1))
+def test_resolve_folds_jump_matches_ref(sizes, B, p_fold, p_invalid, seed):
+    """The tensor-op resolve equals the row walk on the concatenated rows of several requests (each
+    request's rows parented within it, its first row parentless), invalid parents included."""
+    gen = torch.Generator().manual_seed(seed)
+    parents, start = [], 0
+    for n_rows in sizes:
+        for n in range(n_rows):
+            if n == 0 or float(torch.rand((), generator=gen)) < p_invalid:
+                parents.append(-1 if n == 0 else start + n + int(torch.randint(0, 3, (1,), generator=gen)))
+            else:
+                parents.append(start + int(torch.randint(0, n, (1,), generator=gen)))
+        start += n_rows
+    parents = torch.tensor(parents, dtype=torch.int64, device=DEVICE)
+    fold = (torch.rand(start, B, generator=gen) < p_fold).to(DEVICE)
+    for a, b in zip(resolve_folds_jump(fold, parents), resolve_folds_ref(fold, parents)):
+        assert torch.equal(a.cpu(), b.cpu())
+
+
+def test_resolve_folds_jump_long_chain():
+    """A chain of 200 rows all folded: every origin is row 0's position, after 8 rounds of jumping."""
+    N, B = 200, 3
+    parents = torch.arange(-1, N - 1, device=DEVICE)
+    fold = torch.ones(N, B, dtype=torch.bool, device=DEVICE)
+    origin, rows, count, slot = resolve_folds_jump(fold, parents)
+    assert int(count) == B and torch.equal(origin.cpu(), torch.arange(B).expand(N, B))
+    assert torch.equal(slot.cpu(), torch.arange(B).expand(N, B)) and torch.equal(rows[:B].cpu(), torch.arange(B))
 
 
 def test_resolve_folds_max_shape():
