@@ -27,11 +27,17 @@ the first arrival to the last request's end, ``torch.cuda.synchronize()`` at bot
 step reads its confidences back anyway). ``peak_bytes``: ``torch.cuda.max_memory_allocated()`` over a
 timed run (weights, KV pool, activations). Each (mode, concurrency) point is timed ``--repeats`` times,
 the run of median wall time kept, after untimed passes per mode at the largest concurrency (as many
-requests as slots) and at concurrency 1 (two requests; compiles happen there)::
+requests as slots) and at concurrency 1 (two requests; compiles happen there).
+
+``--attention per_request,ragged`` replays every mode on each of the engine's attention paths (a row's
+``attention``). ``--pool-tokens T`` sizes every pool slot for ``T`` positions (``pool_bytes`` reports
+it). ``--profile DIR`` serves each mode's largest concurrency once more (as many requests as slots)
+under ``torch.profiler`` and writes its operator table to DIR::
 
     python -m bench.batched record --out TRACE.pt [--limit 22] [--tasks math,code,instruct] [--no-eos-stop]
     python -m bench.batched replay --trace TRACE.pt --device cuda --models fast-dllm-v2-1.5b \\
-        [--concurrency 1,4,16,64] [--requests 16] [--per-slot 4] [--out FILE]
+        [--concurrency 1,4,16,64] [--requests 16] [--per-slot 4] [--attention per_request,ragged]
+        [--pool-tokens 4096] [--profile DIR] [--out FILE]
 """
 
 from __future__ import annotations
@@ -68,7 +74,7 @@ def replay_modes() -> tuple[str, ...]:
     position-wise pieces (norms, q/k/v and output projections, RoPE, MLP) compiled by Inductor with
     dynamic shapes; attention and the LM head run eagerly per request, as the engine runs them."""
     served = serving_modes()
-    return served + tuple(m + COMPILED for m in ("spiffy",) if m in served)
+    return served + tuple(m + COMPILED for m in ("spiffy", "specfold") if m in served)
 
 
 class _compiled_layers:
@@ -229,7 +235,8 @@ def _percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (at - lo)
 
 
-def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: bool) -> dict:
+def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: bool,
+          attention: str = "per_request") -> dict:
     """One timed run: ``requests`` (recorded request, forced tensors, mapped prompt) served by an engine of
     ``concurrency`` slots as they arrive; the row's numbers and whether every request followed its record."""
     from specfold_compile.serving import Engine, RequestParams
@@ -241,7 +248,7 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     engine = Engine(model, max_requests=concurrency, max_tokens_per_request=args.capacity, mode=mode,
-                    draft_graph=args.graph, tau=args.tau if mode == "specfold" else None)
+                    draft_graph=args.graph, tau=args.tau if mode == "specfold" else None, attention=attention)
     pending, decodes, done, tally = deque(range(len(requests))), {}, {}, {}
     t0 = time.perf_counter()
     while pending or engine.has_work:
@@ -312,7 +319,7 @@ def replay(args, trace: dict, name: str) -> list[dict]:
     args.table = table = token_map(trace, cfg)
     args.graph, args.stop_at_eos = trace["draft_graph"], trace["stop_at_eos"]
     prompts = [table[r["prompt"]] for r in trace["requests"]]  # the engine moves its prefill ids
-    args.capacity = _positions_needed(model, prompts, args.max_new_tokens)
+    args.capacity = max(_positions_needed(model, prompts, args.max_new_tokens), args.pool_tokens or 0)
     rows = []
     recorded_modes = [m for m in trace["modes"] if m in serving_modes()]
     for mode in args.modes or recorded_modes + [m + COMPILED for m in recorded_modes if m + COMPILED in replay_modes()]:
@@ -324,35 +331,65 @@ def replay(args, trace: dict, name: str) -> list[dict]:
 
         def workload(n: int) -> list[dict]:
             return [recorded[j % len(recorded)] for j in range(n)]
-        with _compiled_layers(model, args.compile_backend) if mode != kind else contextlib.nullcontext():
-            t0 = time.perf_counter()
-            # warm-up (compiles; a single request's row counts of 1 too, which dynamic shapes specialize)
-            for c in sorted({max(args.concurrency), 1}, reverse=True):
-                try:
-                    serve(model, kind, c, workload(max(c, 2)), args, cuda)
-                except torch.OutOfMemoryError:  # the timed point will say so
-                    torch.cuda.empty_cache()
-            warm_s = time.perf_counter() - t0
-            for c in args.concurrency:
-                n, graphs = max(args.requests, args.per_slot * c), _graphs_compiled()
-                try:
-                    runs = sorted((serve(model, kind, c, workload(n), args, cuda) for _ in range(args.repeats)),
-                                  key=lambda r: r["wall_s"])
-                except torch.OutOfMemoryError as exc:  # this point has no row; the file's setup names it
-                    args.out_of_memory.append({"model": name, "mode": mode, "concurrency": c})
-                    print(f"{name} {mode} at concurrency {c}: out of memory ({str(exc).splitlines()[0]})", flush=True)
-                    torch.cuda.empty_cache()
-                    continue
-                row = {"model": name, "concurrency": c, "mode": mode, **runs[len(runs) // 2], "trace_driven": True,
-                       "trace_reproduced": all(r["trace_reproduced"] for r in runs), "warmup_s": warm_s,
-                       "compiles_while_timed": _graphs_compiled() - graphs,
-                       "arrival": args.arrival if args.arrival == "closed" else f"poisson {args.rate:g}/s",
-                       "record": {"model": trace["model"], "mode": kind}}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+        for attention in args.attention:
+            rows += _replay_mode(model, name, mode, kind, attention, workload, args, cuda, trace["model"])
         if cuda:
             torch.cuda.empty_cache()
     return rows
+
+
+def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workload, args, cuda: bool,
+                 recorded_by: str) -> list[dict]:
+    """Every concurrency of one mode (engine mode ``kind``; the layers compiled if ``mode`` says so) on one
+    attention path, after its own warm-up."""
+    rows = []
+    with _compiled_layers(model, args.compile_backend) if mode != kind else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        # warm-up (compiles; a single request's row counts of 1 too, which dynamic shapes specialize)
+        for c in sorted({max(args.concurrency), 1}, reverse=True):
+            try:
+                serve(model, kind, c, workload(max(c, 2)), args, cuda, attention)
+            except torch.OutOfMemoryError:  # the timed point will say so
+                torch.cuda.empty_cache()
+        warm_s = time.perf_counter() - t0
+        for c in args.concurrency:
+            n, graphs = max(args.requests, args.per_slot * c), _graphs_compiled()
+            try:
+                runs = sorted((serve(model, kind, c, workload(n), args, cuda, attention) for _ in range(args.repeats)),
+                              key=lambda r: r["wall_s"])
+            except torch.OutOfMemoryError as exc:  # this point has no row; the file's setup names it
+                args.out_of_memory.append({"model": name, "mode": mode, "attention": attention, "concurrency": c})
+                print(f"{name} {mode} ({attention}) at concurrency {c}: out of memory "
+                      f"({str(exc).splitlines()[0]})", flush=True)
+                torch.cuda.empty_cache()
+                continue
+            row = {"model": name, "concurrency": c, "mode": mode, "attention": attention, **runs[len(runs) // 2],
+                   "trace_driven": True, "trace_reproduced": all(r["trace_reproduced"] for r in runs),
+                   "warmup_s": warm_s, "compiles_while_timed": _graphs_compiled() - graphs,
+                   "arrival": args.arrival if args.arrival == "closed" else f"poisson {args.rate:g}/s",
+                   "record": {"model": recorded_by, "mode": kind}}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        if args.profile:
+            c = max(args.concurrency)
+            _profiled(lambda: serve(model, kind, c, workload(c), args, cuda, attention),
+                      Path(args.profile) / f"{name}_{mode}_{attention}_c{c}.txt", cuda)
+    return rows
+
+
+def _profiled(run, path: Path, cuda: bool) -> None:
+    """``run()`` once more under ``torch.profiler``; its operators' table (sorted by device time, then
+    host time) written to ``path``: where a served run's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        run()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    averages = prof.key_averages()
+    path.write_text("\n\n".join(averages.table(sort_by=key, row_limit=40) for key in
+                                 (("self_cuda_time_total",) if cuda else ()) + ("self_cpu_time_total",)))
+    print(f"profile: {path}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -385,6 +422,14 @@ def main(argv=None) -> int:
                     help="replay: and at least this many times the concurrency (each slot serves several in turn)")
     ap.add_argument("--arrival", default="closed", choices=("closed", "poisson"))
     ap.add_argument("--rate", type=float, default=None, help="--arrival poisson: requests per second")
+    ap.add_argument("--attention", default="per_request",
+                    help="replay: the engine's attention paths, comma-separated (per_request, ragged)")
+    ap.add_argument("--pool-tokens", type=int, default=None,
+                    help="replay: each slot of the engine's KV pool holds this many positions (default: what the "
+                         "record's requests need)")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="replay: each mode's largest concurrency served once more under torch.profiler, its table "
+                         "written to DIR")
     ap.add_argument("--repeats", type=int, default=1, help="replay: timed runs a point, the median kept")
     ap.add_argument("--compile-backend", default="inductor",
                     help="replay: torch.compile's backend for the *_compiled modes")
@@ -400,6 +445,9 @@ def main(argv=None) -> int:
             ap.error(f"--modes: expected names among {list(modes)} (serving.SERVING_MODES, and *_compiled in replay), "
                      f"got {list(args.modes)}")
     args.override = parse_override(ap, args.override)
+    args.attention = tuple(args.attention.split(","))
+    if sorted(set(args.attention) - {"per_request", "ragged"}) or not args.attention:
+        ap.error(f"--attention: expected names among ['per_request', 'ragged'], got {list(args.attention)}")
     try:
         args.concurrency = tuple(int(c) for c in args.concurrency.split(","))
     except ValueError:

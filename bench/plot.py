@@ -31,6 +31,12 @@ MB = 1e6
 LATENCY_WORDS = {"ms": "CUDA-graph calls", "launched_ms": "launched calls"}
 
 
+def serving_series(row: dict) -> str:
+    """A batched row's series: its mode, with ``+ragged`` when the engine attended through the ragged
+    kernel (``attention="ragged"``; per-request attention, the engine's default, is the plain mode)."""
+    return row["mode"] + ("+ragged" if row.get("attention") == "ragged" else "")
+
+
 def _rows(path: Path) -> list[dict]:
     return json.loads(path.read_text())["rows"]
 
@@ -226,11 +232,12 @@ def plot_batched(path: str | Path) -> Path:
     path = Path(path)
     rows = _rows(path)
     models = _in_order(r["model"] for r in rows)
-    colours = _colours(_in_order(r["mode"] for r in rows))
+    colours = _colours(_in_order(serving_series(r) for r in rows))
     fig, axes = _subplots(len(models), 3, 5.0, 3.8)
     for ax, model in zip(axes, models):
-        for mode, colour in colours.items():
-            points = sorted((r["concurrency"], r["tokens_per_s"]) for r in rows if (r["model"], r["mode"]) == (model, mode))
+        for series, colour in colours.items():
+            points = sorted((r["concurrency"], r["tokens_per_s"]) for r in rows
+                            if (r["model"], serving_series(r)) == (model, series))
             if points:
                 ax.plot(*zip(*points), marker="o", color=colour)
         ax.set_xscale("log", base=2)
@@ -258,9 +265,9 @@ def plot_results(path: str | Path) -> Path:
 def _point(row: dict) -> tuple:
     """What a row measured (a re-measurement of the same point replaces it): a per_check point, one part
     of a breakdown row set (``part``, absent from per_check rows), an end-to-end row (``task``; its loop
-    with or without fused block boundaries) or a batched one (``concurrency``, ``arrival``)."""
+    with or without fused block boundaries) or a batched one (``concurrency``, ``arrival``, ``attention``)."""
     return tuple(row.get(k) for k in ("model", "prefix", "n_branches", "mode", "target_ratio", "what", "part", "task",
-                                      "trace_driven", "fuse_boundaries", "concurrency", "arrival"))
+                                      "trace_driven", "fuse_boundaries", "concurrency", "arrival", "attention"))
 
 
 def merge_results(out: str | Path, inputs: list[str | Path]) -> Path:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from bench.plot import serving_series
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
@@ -208,7 +210,7 @@ def render_decode_loop(data: dict) -> list[str]:
 
 
 E2E_MODES = {"vanilla": "vanilla", "spiffy": "Spiffy, eager", "spiffy_compiled": "Spiffy, Inductor",
-             "specfold": "SpecFold"}
+             "specfold": "SpecFold", "specfold_compiled": "SpecFold, Inductor"}
 
 
 BOUNDARIES = {False: "separate", True: "fused"}  # generate(fuse_boundaries=...) of a trace-driven row
@@ -267,7 +269,12 @@ def render_end_to_end(data: dict) -> list[str]:
 
 
 def _batched_modes(data: dict) -> list[str]:
-    return list(dict.fromkeys(r["mode"] for r in data["rows"]))
+    return list(dict.fromkeys(serving_series(r) for r in data["rows"]))
+
+
+def _series_label(series: str) -> str:
+    mode, _, ragged = series.partition("+")
+    return E2E_MODES.get(mode, mode) + (", ragged" if ragged else "")
 
 
 def _gib(x: int | None) -> str:
@@ -283,18 +290,18 @@ def render_batched_headline(data: dict) -> list[str]:
         for c in sorted({r["concurrency"] for r in _rows(data, model=model)}):
             cells = []
             for mode in modes:
-                r = _one(data, model=model, concurrency=c, mode=mode)
+                r = next((r for r in _rows(data, model=model, concurrency=c) if serving_series(r) == mode), None)
                 cells += ["", ""] if r is None else [
                     f"{r['tokens_per_s']:.0f}", f"{r['p50_latency_ms']:.0f} / {r['p99_latency_ms']:.0f}"]
             rows.append([SHAPES.get(model, model), str(c)] + cells)
     header = ["shape", "concurrency"]
     for mode in modes:
-        header += [f"{E2E_MODES.get(mode, mode)} (tokens/s)", f"{E2E_MODES.get(mode, mode)} p50 / p99 (ms)"]
+        header += [f"{_series_label(mode)} (tokens/s)", f"{_series_label(mode)} p50 / p99 (ms)"]
     return _table(header, rows)
 
 
 def render_batched(data: dict) -> list[str]:
-    rows = [[SHAPES.get(r["model"], r["model"]), E2E_MODES.get(r["mode"], r["mode"]), str(r["concurrency"]),
+    rows = [[SHAPES.get(r["model"], r["model"]), _series_label(serving_series(r)), str(r["concurrency"]),
              str(r["requests"]), f"{r['tokens_per_s']:.0f}", _f(r["p50_latency_ms"], 1), _f(r["p99_latency_ms"], 1),
              f"{r['rows_per_forward']:.1f} / {r['max_rows_per_forward']}", _gib(r["peak_bytes"]), _gib(r["pool_bytes"]),
              "yes" if r["trace_reproduced"] else "NO"] for r in data["rows"]]

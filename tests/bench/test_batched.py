@@ -38,7 +38,7 @@ def test_replay_makes_the_recorded_calls_at_every_concurrency(trace, tmp_path):
     assert any(c["rows"].shape[0] > 1 for r in spiffy for c in r["calls"])
     rows = data["rows"]
     assert data["suite"] == "batched" and "torch" in data["versions"]
-    modes = list(SERVING_MODES) + ["spiffy_compiled"]
+    modes = list(SERVING_MODES) + ["spiffy_compiled", "specfold_compiled"]
     assert [(r["mode"], r["concurrency"]) for r in rows] == [(m, c) for m in modes for c in (1, 3)]
     for r in rows:
         assert FIELDS <= set(r) and r["trace_driven"] is True and r["trace_reproduced"] is True, r
@@ -73,6 +73,15 @@ def test_a_replay_off_its_record_is_not_reproduced(trace, tmp_path):
         record["requests"][0]["vanilla"]["calls"])
 
 
+def test_each_attention_path_replays_the_record(trace, tmp_path):
+    """``--attention per_request,ragged``: a row set per path, each request making its recorded calls."""
+    rows = _replay(trace, tmp_path / "att.json", "--modes", "specfold", "--attention", "per_request,ragged",
+                   "--concurrency", "2", "--requests", "2", "--per-slot", "1")["rows"]
+    assert [(r["mode"], r["attention"]) for r in rows] == [("specfold", "per_request"), ("specfold", "ragged")]
+    assert all(r["trace_reproduced"] is True for r in rows) and rows[0]["tokens"] == rows[1]["tokens"]
+    assert [plot.serving_series(r) for r in rows] == ["specfold", "specfold+ragged"]
+
+
 def test_poisson_arrivals(trace, tmp_path):
     rows = _replay(trace, tmp_path / "p.json", "--modes", "spiffy", "--concurrency", "2", "--requests", "3", "--per-slot", "1",
                    "--arrival", "poisson", "--rate", "50")["rows"]
@@ -100,7 +109,8 @@ def test_a_point_out_of_memory_is_named_and_the_others_run(trace, tmp_path, monk
     data = _replay(trace, tmp_path / "oom.json", "--modes", "vanilla", "--concurrency", "1,3,2", "--per-slot", "1",
                    "--requests", "2")
     assert [r["concurrency"] for r in data["rows"]] == [1, 2]
-    assert data["setup"]["out_of_memory"] == [{"model": "tiny-fast-dllm-v2", "mode": "vanilla", "concurrency": 3}]
+    assert data["setup"]["out_of_memory"] == [{"model": "tiny-fast-dllm-v2", "mode": "vanilla", "attention": "per_request",
+                                               "concurrency": 3}]
 
 
 def test_compiled_layers_are_the_models_own_again_after():
@@ -115,7 +125,7 @@ def test_compiled_layers_are_the_models_own_again_after():
 
 def test_argument_errors(trace, tmp_path, capsys):
     for argv, word in ((["--modes", "dense"], "--modes"), (["--arrival", "poisson"], "--rate"),
-                       (["--concurrency", "0"], "--concurrency")):
+                       (["--concurrency", "0"], "--concurrency"), (["--attention", "paged"], "--attention")):
         with pytest.raises(SystemExit) as exc:
             batched.main(["replay", "--device", "cpu", "--trace", str(trace), "--out", str(tmp_path / "x.json"), *argv])
         assert exc.value.code == 2 and word in capsys.readouterr().err
@@ -178,3 +188,24 @@ def test_a_specfold_replay_forces_the_recorded_fold_masks(trace, tmp_path, monke
     for m, c in zip(timed, calls):
         g_rec, g = c["fold_masks"].shape[0], m.shape[0]
         assert torch.equal(m, c["fold_masks"][[i * g_rec // g for i in range(g)]])
+
+
+def test_the_report_keeps_the_attention_paths_apart():
+    rows = _fake_rows()[:1]
+    rows.append({**rows[0], "mode": "specfold", "attention": "ragged", "tokens_per_s": 321.0})
+    rows.append({**rows[0], "mode": "specfold", "attention": "per_request", "tokens_per_s": 123.0})
+    table = report.render_batched_headline({"rows": rows})
+    assert table[0] == ("| shape | concurrency | vanilla (tokens/s) | vanilla p50 / p99 (ms) | SpecFold, ragged (tokens/s) "
+                        "| SpecFold, ragged p50 / p99 (ms) | SpecFold (tokens/s) | SpecFold p50 / p99 (ms) |")
+    assert table[2] == "| 1.5B | 1 | 200 | 10 / 20 | 321 | 10 / 20 | 123 | 10 / 20 |"
+    assert len({plot._point(r) for r in rows}) == 3  # a merge keeps both paths' rows
+
+
+def test_pool_tokens_size_the_pool_and_a_profile_is_written(trace, tmp_path):
+    args = ["--modes", "vanilla", "--concurrency", "2", "--requests", "2", "--per-slot", "1"]
+    plain = _replay(trace, tmp_path / "plain.json", *args)["rows"][0]
+    big = _replay(trace, tmp_path / "big.json", *args, "--pool-tokens", "1024", "--profile", str(tmp_path / "prof"))
+    row = big["rows"][0]
+    assert row["trace_reproduced"] is True and row["pool_bytes"] > plain["pool_bytes"]
+    table = (tmp_path / "prof" / "tiny-fast-dllm-v2_vanilla_per_request_c2.txt").read_text()
+    assert "Self CPU" in table and "aten::" in table
