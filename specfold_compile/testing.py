@@ -6,7 +6,8 @@ run): comparisons (``rel_err``, the one error measure; ``assert_close``, ``tol``
 random models and draft trees (``ModelSpec``, ``make_cache``, ``identity_head``, ``make_tree``; the hypothesis helpers
 ``model_specs`` and ``hsettings`` import hypothesis when called), compile-and-run that checks the folded
 graph ran (``compile_run``, ``capture_graph``, ``root_cause``), gate checks against the reference
-(``recording_reference_gates``, ``check_gates_near_threshold``, ...) and the bf16 patch of Triton's CPU
+(``recording_reference_gates``, ``check_gates_near_threshold``, ...), ``no_host_reads`` (a guard that
+fails on any host read) and the bf16 patch of Triton's CPU
 interpreter (``install_interpreter_bf16_patch``).
 """
 from __future__ import annotations
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch._dynamo
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import reference
 from .backend import collect_stats
@@ -461,3 +464,44 @@ def install_interpreter_bf16_patch() -> bool:
     builder_cls.create_dot = create_dot
     _PATCHED = True
     return True
+
+
+# --- no host reads ----------------------------------------------------------------------------------
+
+_HOST_READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy"}
+_DATA_DEPENDENT = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique_dim",
+                   "aten::_unique2", "aten::unique_consecutive", "aten::item", "aten::is_nonzero"}
+
+
+class _HostReadGuard(TorchFunctionMode):
+    """Fails on a tensor method that hands a value to Python (tolist, item, bool(), int(), .cpu())."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", None) in _HOST_READS:
+            raise AssertionError(f"host read: Tensor.{func.__name__}")
+        return func(*args, **(kwargs or {}))
+
+
+class _SyncGuard(TorchDispatchMode):
+    """Fails on an aten op that reads a value on the host or sizes its output by the data (a boolean
+    index is a nonzero), and on a copy to another device."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        if name in _DATA_DEPENDENT:
+            raise AssertionError(f"host read: {name}")
+        if name == "aten::index" and any(i is not None and i.dtype == torch.bool for i in args[1]):
+            raise AssertionError("host read: a boolean index")
+        out = func(*args, **(kwargs or {}))
+        devices = {a.device for a in args if isinstance(a, torch.Tensor)}
+        if isinstance(out, torch.Tensor) and devices and out.device not in devices:
+            raise AssertionError(f"host read: {name} to {out.device}")
+        return out
+
+
+@contextlib.contextmanager
+def no_host_reads():
+    """Inside, any host read of a tensor's values (or a data-sized op, or a copy across devices) raises
+    an ``AssertionError`` naming it: for code that must run without a synchronisation."""
+    with _HostReadGuard(), _SyncGuard():
+        yield

@@ -1,20 +1,17 @@
 """``decoding.device_step``: each piece of a step's bookkeeping against its Python reference (commit.py,
 graph.py) on random states, confidences and draft graphs; and that a step reads nothing back to the host."""
 
-import contextlib
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from specfold_compile.decoding import (block_finished, build_drafts, commit, default_draft_graph, load_draft_graph,
                                        rank_masked_positions)
 from specfold_compile.decoding.device_step import (STATUS_FIELDS, DraftTables, StepRules, acceptance_walk,
                                                    commit_rule, decode_step, draft_rows, finished,
                                                    rank_of_positions, threshold_in)
+from specfold_compile.testing import no_host_reads
 
 MASK, EOS = 15, 1
 HSET = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -121,44 +118,7 @@ def test_draft_tables_of_the_shipped_graph():
     assert 1 <= t.depth <= len(graph)
 
 
-# --- no host reads ----------------------------------------------------------------------------------
-
-_HOST_READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy"}
-_DATA_DEPENDENT = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique_dim",
-                   "aten::_unique2", "aten::unique_consecutive", "aten::item", "aten::is_nonzero"}
-
-
-class _HostReadGuard(TorchFunctionMode):
-    """Fails on a tensor method that hands a value to Python (tolist, item, bool(), int(), .cpu())."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", None) in _HOST_READS:
-            raise AssertionError(f"host read in a device step: Tensor.{func.__name__}")
-        return func(*args, **(kwargs or {}))
-
-
-class _SyncGuard(TorchDispatchMode):
-    """Fails on an aten op that reads a value on the host or sizes its output by the data (a boolean
-    index is a nonzero), and on a copy to another device."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._schema.name
-        if name in _DATA_DEPENDENT:
-            raise AssertionError(f"host read in a device step: {name}")
-        if name == "aten::index" and any(i is not None and i.dtype == torch.bool for i in args[1]):
-            raise AssertionError("host read in a device step: a boolean index")
-        out = func(*args, **(kwargs or {}))
-        devices = {a.device for a in args if isinstance(a, torch.Tensor)}
-        if isinstance(out, torch.Tensor) and devices and out.device not in devices:
-            raise AssertionError(f"host read in a device step: {name} to {out.device}")
-        return out
-
-
-@contextlib.contextmanager
-def no_host_reads():
-    with _HostReadGuard(), _SyncGuard():
-        yield
-
+# --- no host reads (testing.no_host_reads) ---------------------------------------------------------
 
 def test_the_guard_catches_host_reads():
     x = torch.arange(6)

@@ -7,7 +7,7 @@ pytest.importorskip("triton")
 from specfold_compile.kernels import (fold_gate, fold_gate_from_flags, fold_gate_ref, resolve_folds,  # noqa: E402
                                      resolve_folds_ref)
 from specfold_compile.kernels.gate_ref import fold_flags_ref, resolve_folds_jump  # noqa: E402
-from specfold_compile.testing import DEVICE, DTYPES, randn  # noqa: E402
+from specfold_compile.testing import DEVICE, DTYPES, no_host_reads, randn  # noqa: E402
 
 SETTINGS = dict(deadline=None, max_examples=12)
 
@@ -143,6 +143,18 @@ def test_resolve_folds_jump_matches_ref(sizes, B, p_fold, p_invalid, seed):
     parents = torch.tensor(parents, dtype=torch.int64, device=DEVICE)
     fold = (torch.rand(start, B, generator=gen) < p_fold).to(DEVICE)
     for a, b in zip(resolve_folds_jump(fold, parents), resolve_folds_ref(fold, parents)):
+        assert torch.equal(a.cpu(), b.cpu())
+
+
+def test_resolve_folds_jump_reads_nothing_back():
+    """The tensor-op resolve runs under a guard that fails on any host read (the gate's one read, the
+    packed count, is the caller's)."""
+    gen = torch.Generator().manual_seed(3)
+    parents = random_parents(40, gen)
+    fold = (torch.rand(40, 6, generator=gen) < 0.5).to(DEVICE)
+    with no_host_reads():
+        out = resolve_folds_jump(fold, parents)
+    for a, b in zip(out, resolve_folds_ref(fold, parents)):
         assert torch.equal(a.cpu(), b.cpu())
 
 
