@@ -54,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import check_output
+from bench.common import check_output, write_profile
 from bench.trace_driven import parse_override, run_command, token_map
 
 CONCURRENCY = (1, 4, 16, 64)
@@ -372,24 +372,9 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
             print(json.dumps(row), flush=True)
         if args.profile:
             c = max(args.concurrency)
-            _profiled(lambda: serve(model, kind, c, workload(c), args, cuda, attention),
+            write_profile(lambda: serve(model, kind, c, workload(c), args, cuda, attention),
                       Path(args.profile) / f"{name}_{mode}_{attention}_c{c}.txt", cuda)
     return rows
-
-
-def _profiled(run, path: Path, cuda: bool) -> None:
-    """``run()`` once more under ``torch.profiler``; its operators' table (sorted by device time, then
-    host time) written to ``path``: where a served run's time goes."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        run()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    averages = prof.key_averages()
-    path.write_text("\n\n".join(averages.table(sort_by=key, row_limit=40) for key in
-                                 (("self_cuda_time_total",) if cuda else ()) + ("self_cpu_time_total",)))
-    print(f"profile: {path}", flush=True)
 
 
 def main(argv=None) -> int:

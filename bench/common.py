@@ -154,3 +154,18 @@ class Deadline:
 
     def left(self) -> float:
         return self.end - time.monotonic()
+
+
+def write_profile(run, path: Path, cuda: bool) -> None:
+    """``run()`` under ``torch.profiler``, its operators' tables (sorted by device time, then by host time)
+    written to ``path``: where a run's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        run()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    averages = prof.key_averages()
+    path.write_text("\n\n".join(averages.table(sort_by=key, row_limit=40) for key in
+                                 (("self_cuda_time_total",) if cuda else ()) + ("self_cpu_time_total",)))
+    print(f"profile: {path}", flush=True)

@@ -120,12 +120,15 @@ case "$part" in
                     rm -f "$OUT/logits_$f/per_check.png"
                   done ;;
   batched)        # the serving engine trace-driven (bench/batched.py, docs/serving.md): the record on the CPU, then
-                  # each shape at concurrency 1, 4, 16, 64, vanilla and Spiffy (and SpecFold once the engine serves
-                  # it); ARGS go to the replays; one shape per call: BATCHED_MODELS=fast-dllm-v2-7b bash ... batched
+                  # each shape at concurrency 1, 4, 16, 64: vanilla, Spiffy (eager and Inductor) and SpecFold on the
+                  # ragged attention path, 2 timed runs a point, at 7B 4096 positions a slot (~2-3 min a shape); ARGS go to
+                  # the replays; one shape per call: BATCHED_MODELS=fast-dllm-v2-7b bash ... batched
                   [ -f "$OUT/batched_trace.pt" ] || python -m bench.batched record --out "$OUT/batched_trace.pt" 2>&1 \
                     | tee -a "$OUT/log.txt"
                   for m in ${BATCHED_MODELS:-fast-dllm-v2-1.5b fast-dllm-v2-7b}; do
+                    pool=(); [ "$m" = fast-dllm-v2-7b ] && pool=(--pool-tokens 4096)
                     python -m bench.batched replay --trace "$OUT/batched_trace.pt" --device cuda --models "$m" \
+                      --attention ragged --modes vanilla,spiffy,spiffy_compiled,specfold --repeats 2 "${pool[@]}" \
                       --out "$OUT/batched_$m.json" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
                   done
                   python -m bench.plot "$OUT/batched.json" "$OUT"/batched_fast-dllm-v2-*.json ;;

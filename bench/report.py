@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from bench.plot import serving_series
+from bench.report_batched import render_batched, render_batched_headline
+from bench.tables import E2E_MODES, SHAPES, first_matching, fmt, markdown_table, matching
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
-SHAPES = {"fast-dllm-v2-1.5b": "1.5B", "fast-dllm-v2-7b": "7B", "nld-3b": "NLD-3B"}
 MODES = {"dense": "dense eager", "dense_compiled": "dense Inductor", "specfold": "SpecFold",
          "spiffy_compiled": "Spiffy, Inductor"}
 # bench.run's kernel groups (breakdown suite), in words
@@ -46,16 +46,6 @@ class Section:
     render: Callable[[dict], list[str]]
 
 
-def _f(x: float | None, digits: int = 2) -> str:
-    return "" if x is None else f"{x:.{digits}f}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return lines
-
-
 def _versions(data: dict) -> str:
     """The hardware and versions a result file records (every run's, when it merges several)."""
     seen = []
@@ -72,55 +62,46 @@ def _versions(data: dict) -> str:
     return "; ".join(parts)
 
 
-def _rows(data: dict, **match) -> list[dict]:
-    return [r for r in data["rows"] if all(r.get(k) == v for k, v in match.items())]
-
-
-def _one(data: dict, **match) -> dict | None:
-    found = _rows(data, **match)
-    return found[0] if found else None
-
-
 # ---- per suite -------------------------------------------------------------------------------------
 
 def render_per_check(data: dict) -> list[str]:
     out = []
     for model in SHAPES:
-        for prefix in sorted({r["prefix"] for r in _rows(data, model=model)}):
+        for prefix in sorted({r["prefix"] for r in matching(data, model=model)}):
             sel = dict(model=model, prefix=prefix)
-            ns = sorted({r["n_branches"] for r in _rows(data, mode="specfold", **sel)})
-            ratios = {t: _one(data, mode="specfold", target_ratio=t, n_branches=17, **sel) for t in TARGET_RATIOS}
+            ns = sorted({r["n_branches"] for r in matching(data, mode="specfold", **sel)})
+            ratios = {t: first_matching(data, mode="specfold", target_ratio=t, n_branches=17, **sel) for t in TARGET_RATIOS}
             header = ["N", "dense eager", "dense Inductor"]
             header += [f"SpecFold r={r['recompute_ratio']:.2f}" if r else f"SpecFold target {t}"
                        for t, r in ratios.items()]
             header += ["headline / eager", "headline / Inductor", "floor", "headline / floor"]
             rows = []
             for n in ns:
-                eager = _one(data, mode="dense", n_branches=n, **sel)
-                ind = _one(data, mode="dense_compiled", n_branches=n, **sel)
+                eager = first_matching(data, mode="dense", n_branches=n, **sel)
+                ind = first_matching(data, mode="dense_compiled", n_branches=n, **sel)
                 cells, head = [], None
                 for t in TARGET_RATIOS:
-                    r = _one(data, mode="specfold", target_ratio=t, n_branches=n, **sel)
+                    r = first_matching(data, mode="specfold", target_ratio=t, n_branches=n, **sel)
                     if n == 1:  # nothing to fold: one plain-graph point, in the first column
-                        r = _one(data, mode="specfold", n_branches=1, **sel) if t == TARGET_RATIOS[0] else None
+                        r = first_matching(data, mode="specfold", n_branches=1, **sel) if t == TARGET_RATIOS[0] else None
                     plain = r is not None and (r.get("folded") is False or n == 1)
-                    cells.append("" if r is None else _f(r["ms"]) + (" (plain)" if plain else ""))
+                    cells.append("" if r is None else fmt(r["ms"]) + (" (plain)" if plain else ""))
                     if t == HEADLINE_RATIO or (n == 1 and r is not None):
                         head = r
-                floor = _one(data, mode="floor", target_ratio=HEADLINE_RATIO, n_branches=n, **sel)
+                floor = first_matching(data, mode="floor", target_ratio=HEADLINE_RATIO, n_branches=n, **sel)
                 ratio = (lambda base: f"{head['ms'] / base['ms']:.2f}x" if head and base else "")
-                rows.append([str(n), _f(eager and eager["ms"]), _f(ind and ind["ms"])] + cells
-                            + [ratio(eager), ratio(ind), _f(floor and floor["ms"]), ratio(floor)])
+                rows.append([str(n), fmt(eager and eager["ms"]), fmt(ind and ind["ms"])] + cells
+                            + [ratio(eager), ratio(ind), fmt(floor and floor["ms"]), ratio(floor)])
             out += [f"**{SHAPES[model]}, prefix {prefix}** (ms per verification forward)", ""]
-            out += _table(header, rows) + [""]
+            out += markdown_table(header, rows) + [""]
     writes = [(SHAPES[r["model"]], r["prefix"], r["mode"], r["ms"]) for r in data["rows"]
               if r["mode"] in ("write", "write_compiled")]
     if writes:
         out += ["Block writes (one block after the prefix, ms):", ""]
         keys = sorted({(m, p) for m, p, _, _ in writes}, key=lambda k: (list(SHAPES.values()).index(k[0]), k[1]))
         get = {(m, p, mode): ms for m, p, mode, ms in writes}
-        out += _table(["shape", "prefix", "eager", "Inductor"],
-                      [[m, str(p), _f(get.get((m, p, "write"))), _f(get.get((m, p, "write_compiled")))]
+        out += markdown_table(["shape", "prefix", "eager", "Inductor"],
+                      [[m, str(p), fmt(get.get((m, p, "write"))), fmt(get.get((m, p, "write_compiled")))]
                        for m, p in keys]) + [""]
     return out
 
@@ -131,14 +112,14 @@ def render_headline(data: dict, prefix: int = 512, ns: tuple[int, ...] = (5, 17,
     for model, shape in SHAPES.items():
         for n in ns:
             sel = dict(model=model, prefix=prefix, n_branches=n)
-            eager, ind = _one(data, mode="dense", **sel), _one(data, mode="dense_compiled", **sel)
-            sf = _one(data, mode="specfold", target_ratio=HEADLINE_RATIO, **sel)
+            eager, ind = first_matching(data, mode="dense", **sel), first_matching(data, mode="dense_compiled", **sel)
+            sf = first_matching(data, mode="specfold", target_ratio=HEADLINE_RATIO, **sel)
             if not (eager and ind and sf):
                 continue
-            rows.append([shape, str(n), _f(eager["ms"]), _f(ind["ms"]),
-                         _f(sf["ms"]) + ("" if sf.get("folded", True) else " (plain graph)"),
+            rows.append([shape, str(n), fmt(eager["ms"]), fmt(ind["ms"]),
+                         fmt(sf["ms"]) + ("" if sf.get("folded", True) else " (plain graph)"),
                          f"{sf['recompute_ratio']:.2f}", f"{sf['ms'] / eager['ms']:.2f}x", f"{sf['ms'] / ind['ms']:.2f}x"])
-    return _table(["shape", "N", "dense eager (ms)", "dense Inductor (ms)", "SpecFold (ms)", "recompute ratio",
+    return markdown_table(["shape", "N", "dense eager (ms)", "dense Inductor (ms)", "SpecFold (ms)", "recompute ratio",
                    "SpecFold / eager", "SpecFold / Inductor"], rows)
 
 
@@ -149,7 +130,7 @@ def render_check(data: dict) -> list[str]:
             ("cuda_graph_replay_vs_call", "CUDA-graph replay vs call")]
     rows = [[SHAPES.get(r["model"], r["model"])] + [f"{100 * r[k]:.2f}%" for k, _ in cols]
             + ["yes" if r.get("ok") else "no"] for r in data["rows"]]
-    return _table(["shape"] + [c for _, c in cols] + ["ok"], rows) + [""]
+    return markdown_table(["shape"] + [c for _, c in cols] + ["ok"], rows) + [""]
 
 
 def render_breakdown(data: dict) -> list[str]:
@@ -160,64 +141,60 @@ def render_breakdown(data: dict) -> list[str]:
         if r["part"] not in parts:
             parts.append(r["part"])
     get = {(r["model"], r["mode"], r["part"]): r["ms_per_forward"] for r in data["rows"]}
-    rows = [[PARTS.get(p, p)] + [_f(get.get((m, mode, p))) or "-" for m, mode in cols] for p in parts]
-    rows.append(["total"] + [_f(sum(v for (m2, mo2, _), v in get.items() if (m2, mo2) == c)) for c in cols])
+    rows = [[PARTS.get(p, p)] + [fmt(get.get((m, mode, p))) or "-" for m, mode in cols] for p in parts]
+    rows.append(["total"] + [fmt(sum(v for (m2, mo2, _), v in get.items() if (m2, mo2) == c)) for c in cols])
     n, prefix = data["rows"][0]["n_branches"], data["rows"][0]["prefix"]
     header = ["part"] + [f"{SHAPES[m]} {MODES.get(mode, mode)}" for m, mode in cols]
-    return [f"Kernel time in ms per forward, N = {n}, prefix {prefix}:", ""] + _table(header, rows) + [""]
+    return [f"Kernel time in ms per forward, N = {n}, prefix {prefix}:", ""] + markdown_table(header, rows) + [""]
 
 
 def render_memory(data: dict) -> list[str]:
     rows = []
     for prefix in sorted({r["prefix"] for r in data["rows"]}):
-        for n in sorted({r["n_branches"] for r in _rows(data, prefix=prefix)}):
-            d = _one(data, prefix=prefix, n_branches=n, mode="dense")
-            s = _one(data, prefix=prefix, n_branches=n, mode="specfold")
+        for n in sorted({r["n_branches"] for r in matching(data, prefix=prefix)}):
+            d = first_matching(data, prefix=prefix, n_branches=n, mode="dense")
+            s = first_matching(data, prefix=prefix, n_branches=n, mode="specfold")
             copy = (d or s)["per_branch_cache_copy_bytes"]
-            rows.append([str(prefix), str(n), _f(d and d["extra_bytes"] / 2**20, 1), _f(s and s["extra_bytes"] / 2**20, 1),
-                         _f(copy / 2**30, 2), f"{100 * s['extra_bytes'] / copy:.1f}%" if s else ""])
+            rows.append([str(prefix), str(n), fmt(d and d["extra_bytes"] / 2**20, 1), fmt(s and s["extra_bytes"] / 2**20, 1),
+                         fmt(copy / 2**30, 2), f"{100 * s['extra_bytes'] / copy:.1f}%" if s else ""])
     model = SHAPES.get(data["rows"][0]["model"], data["rows"][0]["model"])
     return ([f"{model}, peak memory beyond weights and cache:", ""]
-            + _table(["prefix", "N", "dense (MiB)", "SpecFold (MiB)", "a per-branch cache copy (GiB)",
+            + markdown_table(["prefix", "N", "dense (MiB)", "SpecFold (MiB)", "a per-branch cache copy (GiB)",
                       "SpecFold / copy"], rows) + [""])
 
 
 def render_launch(data: dict) -> list[str]:
     rows = [[SHAPES[r["model"]], str(r["n_branches"]), MODES.get(r["mode"], r["mode"]), "yes" if r["folded"] else "no",
-             _f(r["ms"]), _f(r["launched_ms"]), _f(r["host_ms"]), str(int(r["launches_per_call"]))]
+             fmt(r["ms"]), fmt(r["launched_ms"]), fmt(r["host_ms"]), str(int(r["launches_per_call"]))]
             for r in data["rows"]]
-    return _table(["shape", "N", "mode", "folded", "CUDA-graph replay (ms)", "launched (ms)",
+    return markdown_table(["shape", "N", "mode", "folded", "CUDA-graph replay (ms)", "launched (ms)",
                    "host time (ms)", "launches per call"], rows) + [""]
 
 
 def render_decode_loop(data: dict) -> list[str]:
     rows = []
     for model in SHAPES:
-        for n in sorted({r["n_branches"] for r in _rows(data, part="shape", model=model)}):
-            sp = _one(data, part="shape", model=model, n_branches=n, mode="spiffy_compiled")
-            sf = _one(data, part="shape", model=model, n_branches=n, mode="specfold")
+        for n in sorted({r["n_branches"] for r in matching(data, part="shape", model=model)}):
+            sp = first_matching(data, part="shape", model=model, n_branches=n, mode="spiffy_compiled")
+            sf = first_matching(data, part="shape", model=model, n_branches=n, mode="specfold")
             if not (sp and sf):
                 continue
-            rows.append([SHAPES[model], str(n), _f(sp["launched_ms"]), _f(sp["cuda_graph_ms"]),
-                         _f(sf["launched_ms"]), _f(sf["cuda_graph_ms"]),
+            rows.append([SHAPES[model], str(n), fmt(sp["launched_ms"]), fmt(sp["cuda_graph_ms"]),
+                         fmt(sf["launched_ms"]), fmt(sf["cuda_graph_ms"]),
                          "folded" if sf["recompute_ratio"] is not None else "plain",
                          f"{sf['cuda_graph_ms'] / sp['cuda_graph_ms']:.2f}x"])
-    checks = [f"{SHAPES[r['model']]} {r['rel_err_static_vs_dynamic']:g}" for r in _rows(data, part="shape_check")]
-    return (_table(["shape", "N", "Spiffy, Inductor: launched", "replayed", "SpecFold: launched",
+    checks = [f"{SHAPES[r['model']]} {r['rel_err_static_vs_dynamic']:g}" for r in matching(data, part="shape_check")]
+    return (markdown_table(["shape", "N", "Spiffy, Inductor: launched", "replayed", "SpecFold: launched",
                     "replayed", "SpecFold's replay", "SpecFold / Spiffy, replayed"], rows)
             + ["", "Static cache against dynamic cache, relative difference of the logits (eager, bf16): "
                + ", ".join(checks) + ".", ""])
-
-
-E2E_MODES = {"vanilla": "vanilla", "spiffy": "Spiffy, eager", "spiffy_compiled": "Spiffy, Inductor",
-             "specfold": "SpecFold", "specfold_compiled": "SpecFold, Inductor"}
 
 
 BOUNDARIES = {False: "separate", True: "fused"}  # generate(fuse_boundaries=...) of a trace-driven row
 
 
 def _e2e_ratio(data: dict, row: dict) -> str:
-    base = _one(data, model=row["model"], task=row["task"], mode="spiffy_compiled", trace_driven=row["trace_driven"],
+    base = first_matching(data, model=row["model"], task=row["task"], mode="spiffy_compiled", trace_driven=row["trace_driven"],
                 fuse_boundaries=row.get("fuse_boundaries"))
     return f"{row['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else ""
 
@@ -228,8 +205,8 @@ def render_e2e_headline(data: dict) -> list[str]:
     rows = []
     for model in SHAPES:
         for fused in BOUNDARIES:
-            for task in dict.fromkeys(r["task"] for r in _rows(data, model=model, trace_driven=True)):
-                by_mode = {m: _one(data, model=model, task=task, mode=m, trace_driven=True, fuse_boundaries=fused)
+            for task in dict.fromkeys(r["task"] for r in matching(data, model=model, trace_driven=True)):
+                by_mode = {m: first_matching(data, model=model, task=task, mode=m, trace_driven=True, fuse_boundaries=fused)
                            for m in E2E_MODES}
                 if not all(by_mode.values()):
                     continue
@@ -237,7 +214,7 @@ def render_e2e_headline(data: dict) -> list[str]:
                 rows.append([SHAPES[model], task, BOUNDARIES[fused]]
                             + [f"{by_mode[m]['tokens_per_s']:.0f}" for m in E2E_MODES]
                             + [_e2e_ratio(data, sf), f"{100 * sf['host_ms'] / sf['step_ms']:.0f}%"])
-    return _table(["shape", "task", "block boundaries"] + [f"{w} (tokens/s)" for w in E2E_MODES.values()]
+    return markdown_table(["shape", "task", "block boundaries"] + [f"{w} (tokens/s)" for w in E2E_MODES.values()]
                   + ["SpecFold / Spiffy, Inductor", "host share of a SpecFold step"], rows)
 
 
@@ -248,80 +225,37 @@ def render_end_to_end(data: dict) -> list[str]:
         lines += ["Trace-driven at the real shapes (random bf16 weights; every call, seed, fold mask and accepted "
                   "draft forced from the shipped model's record; trace reproduced: the replay made exactly the "
                   "recorded calls and tokens):", ""]
-        lines += _table(["shape", "task", "block boundaries", "mode", "tokens/s", "NFE", "step (ms)", "host (ms)",
+        lines += markdown_table(["shape", "task", "block boundaries", "mode", "tokens/s", "NFE", "step (ms)", "host (ms)",
                          "TTFT (ms)", "/ Spiffy, Inductor", "trace reproduced"],
                         [[SHAPES.get(r["model"], r["model"]), r["task"], BOUNDARIES[bool(r.get("fuse_boundaries"))],
                           E2E_MODES[r["mode"]],
-                          f"{r['tokens_per_s']:.0f}", _f(r["nfe"]), _f(r["step_ms"]), _f(r["host_ms"]),
-                          _f(r["ttft_ms"], 1), _e2e_ratio(data, r), "yes" if r["trace_reproduced"] else "NO"]
+                          f"{r['tokens_per_s']:.0f}", fmt(r["nfe"]), fmt(r["step_ms"]), fmt(r["host_ms"]),
+                          fmt(r["ttft_ms"], 1), _e2e_ratio(data, r), "yes" if r["trace_reproduced"] else "NO"]
                          for r in traced])
         lines += [""]
-    shipped = [[r["task"], r["mode"], r.get("loop", ""), f"{r['tokens_per_s']:.0f}", _f(r["nfe"]), _f(r["step_ms"]),
-                _f(r["host_ms"]), _f(r["ttft_ms"], 1),
+    shipped = [[r["task"], r["mode"], r.get("loop", ""), f"{r['tokens_per_s']:.0f}", fmt(r["nfe"]), fmt(r["step_ms"]),
+                fmt(r["host_ms"]), fmt(r["ttft_ms"], 1),
                 {True: "yes", False: "NO", None: "-"}[r.get("same_as_host_twin")]]
                for r in data["rows"] if not r["trace_driven"]]
     if shipped:
         lines += ["The shipped model itself (its own acceptance; `bench.end_to_end`): the Python loop "
                   "(`loop=\"host\"`) against the device loop (`*_device`), CUDA graphs on:", ""]
-        lines += _table(["task", "mode", "loop", "tokens/s", "NFE", "step (ms)", "host (ms)", "TTFT (ms)",
+        lines += markdown_table(["task", "mode", "loop", "tokens/s", "NFE", "step (ms)", "host (ms)", "TTFT (ms)",
                          "same tokens as the Python loop"], shipped) + [""]
     return lines
-
-
-def _batched_modes(data: dict) -> list[str]:
-    return list(dict.fromkeys(serving_series(r) for r in data["rows"]))
-
-
-def _series_label(series: str) -> str:
-    mode, _, ragged = series.partition("+")
-    return E2E_MODES.get(mode, mode) + (", ragged" if ragged else "")
-
-
-def _gib(x: int | None) -> str:
-    return "" if x is None else f"{x / 2**30:.1f}"
-
-
-def render_batched_headline(data: dict) -> list[str]:
-    """README's serving table: per shape and concurrency, each mode's tokens/s over all requests and its
-    p50 / p99 request latency."""
-    modes = _batched_modes(data)
-    rows = []
-    for model in dict.fromkeys(r["model"] for r in data["rows"]):
-        for c in sorted({r["concurrency"] for r in _rows(data, model=model)}):
-            cells = []
-            for mode in modes:
-                r = next((r for r in _rows(data, model=model, concurrency=c) if serving_series(r) == mode), None)
-                cells += ["", ""] if r is None else [
-                    f"{r['tokens_per_s']:.0f}", f"{r['p50_latency_ms']:.0f} / {r['p99_latency_ms']:.0f}"]
-            rows.append([SHAPES.get(model, model), str(c)] + cells)
-    header = ["shape", "concurrency"]
-    for mode in modes:
-        header += [f"{_series_label(mode)} (tokens/s)", f"{_series_label(mode)} p50 / p99 (ms)"]
-    return _table(header, rows)
-
-
-def render_batched(data: dict) -> list[str]:
-    rows = [[SHAPES.get(r["model"], r["model"]), _series_label(serving_series(r)), str(r["concurrency"]),
-             str(r["requests"]), f"{r['tokens_per_s']:.0f}", _f(r["p50_latency_ms"], 1), _f(r["p99_latency_ms"], 1),
-             f"{r['rows_per_forward']:.1f} / {r['max_rows_per_forward']}", _gib(r["peak_bytes"]), _gib(r["pool_bytes"]),
-             "yes" if r["trace_reproduced"] else "NO"] for r in data["rows"]]
-    arrival = data["rows"][0]["arrival"]
-    return ([f"Arrivals: {arrival}.", ""]
-            + _table(["shape", "mode", "concurrency", "requests", "tokens/s", "p50 latency (ms)", "p99 latency (ms)",
-                      "rows per forward (mean / max)", "peak memory (GiB)", "KV pool (GiB)", "trace reproduced"], rows) + [""])
 
 
 def render_eval(data: dict) -> list[str]:
     rows = []
     for task, modes in data["results"].items():
         for mode, r in modes.items():
-            rows.append([task, mode, _f(r["accuracy"]), _f(r["nfe"]), f"{r['tokens_per_s']:.0f}",
-                         _f(r["accepted_per_call"]) if mode != "vanilla" else "-",
-                         _f(r["recompute_ratio"], 3) if r["recompute_ratio"] is not None else "-"])
+            rows.append([task, mode, fmt(r["accuracy"]), fmt(r["nfe"]), f"{r['tokens_per_s']:.0f}",
+                         fmt(r["accepted_per_call"]) if mode != "vanilla" else "-",
+                         fmt(r["recompute_ratio"], 3) if r["recompute_ratio"] is not None else "-"])
     s = data["settings"]
     lines = [f"{s['limit']} test problems a task, tau = {s['tau']}, draft budget "
              f"{', '.join(map(str, s['draft_budgets']))}, kernels `{s['kernels']}` on the {s['device']}:", ""]
-    lines += _table(["task", "mode", "accuracy", "NFE", "tokens/s", "accepted drafts per call",
+    lines += markdown_table(["task", "mode", "accuracy", "NFE", "tokens/s", "accepted drafts per call",
                      "recompute ratio"], rows)
     equal = data.get("spiffy_tokens_equal_vanilla", {})
     lines += ["", "Spiffy's tokens equal vanilla's: " + ", ".join(f"{t} {'yes' if v else 'no'}" for t, v in equal.items())
@@ -333,16 +267,16 @@ def render_eval(data: dict) -> list[str]:
 
 def render_sweep(data: dict) -> list[str]:
     tasks = data["settings"]["tasks"]
-    rows = [[f"{r['tau']:g}"] + [_f(r[f"accuracy_{t}"]) for t in tasks]
-            + [_f(r["nfe"]), f"{r['tokens_per_s']:.0f}", _f(r["recompute_ratio"], 3), _f(r["fold_argmax_agree"], 3),
-               f"{r['fold_relerr_median']:.3f} / {r['fold_relerr_p99']:.3f}", _f(r["copy_argmax_agree"], 3),
+    rows = [[f"{r['tau']:g}"] + [fmt(r[f"accuracy_{t}"]) for t in tasks]
+            + [fmt(r["nfe"]), f"{r['tokens_per_s']:.0f}", fmt(r["recompute_ratio"], 3), fmt(r["fold_argmax_agree"], 3),
+               f"{r['fold_relerr_median']:.3f} / {r['fold_relerr_p99']:.3f}", fmt(r["copy_argmax_agree"], 3),
                f"{r['copy_relerr_median']:.3f} / {r['copy_relerr_p99']:.3f}"] for r in data["rows"]]
     s = data["settings"]
     positions = data["rows"][0]["fidelity_positions"]
     return ([f"{s['limit']} test problems a task, draft budget {s['draft_budget']}; fidelity over {positions} "
              "still-masked draft positions against the dense verification logits, next to copying the "
              "parent branch's logits:", ""]
-            + _table(["tau"] + [f"{t} accuracy" for t in tasks]
+            + markdown_table(["tau"] + [f"{t} accuracy" for t in tasks]
                      + ["NFE", "tokens/s", "recompute ratio", "folded: argmax agrees",
                         "folded: rel. error median / p99", "copy parent: argmax agrees",
                         "copy parent: median / p99"], rows) + [""])
@@ -408,8 +342,9 @@ SECTIONS = [
             render_sweep),
     Section("Many requests at once: the serving engine", "h200/batched.json",
             "python -m bench.batched record --out batched_trace.pt, then python -m bench.batched replay --trace "
-            "batched_trace.pt --device cuda --models MODEL --modes vanilla,spiffy,specfold --concurrency 1,16,64 "
-            "--out RUN.json (one run per shape: fast-dllm-v2-1.5b, fast-dllm-v2-7b), merged with python -m "
+            "batched_trace.pt --device cuda --attention ragged --models MODEL --modes "
+            "vanilla,spiffy,spiffy_compiled,specfold --concurrency 1,4,16,64 --repeats 2 --out RUN.json (one run "
+            "per shape: fast-dllm-v2-1.5b, and fast-dllm-v2-7b with --pool-tokens 4096), merged with python -m "
             "bench.plot bench/results/h200/batched.json RUN.json ...",
             "The serving `Engine` (docs/serving.md) at each concurrency C (its slots), random bf16 weights of the "
             "real shapes, trace-driven: every request makes the calls, accepted drafts and tokens of the shipped "
@@ -417,9 +352,25 @@ SECTIONS = [
             "clients, each sending its next request as its last one ends; "
             "tokens/s: all requests' tokens over the wall time, latency per request from its admission; peak "
             "memory: `torch.cuda.max_memory_allocated()` (weights, KV pool, activations). Every mode runs the "
-            "engine's eager batched forward, attention per request; SpecFold (tau 0.1) is its batched folded "
-            "forward (`serving/folded.py`, the reference's PyTorch, origins resolved on the host) with each "
-            "call's recorded fold masks forced.",
+            "engine's batched forward launched from Python (no CUDA graphs) with ragged attention (one "
+            "`specfold::ragged_attention` launch a layer over every request's rows); Spiffy, Inductor compiles "
+            "each decoder layer's position-wise pieces (dynamic shapes); SpecFold (tau 0.1) is the batched "
+            "folded forward (`serving/folded.py`: origins by pointer jumping, one host read a gate) with each "
+            "call's recorded fold masks forced. Of the 2 timed runs a point the slower one is kept. At 7B every "
+            "slot holds 4096 positions (KV pool of 64 requests x 4096 tokens: 14.0 GiB). The engine is "
+            "host-bound at these shapes, and repeated runs of the same point differ by up to a half (the next "
+            "section's single runs of some of the same points: 7B Spiffy at 4 requests, 156 there against 339 "
+            "here).",
+            render_batched),
+    Section("The serving engine's attention paths", "h200/batched_attention.json",
+            "python -m bench.batched replay --trace batched_trace.pt --device cuda --models MODEL --modes MODES "
+            "--attention PATH --concurrency CS, single runs in one device session: fast-dllm-v2-1.5b SpecFold "
+            "ragged at 1,4,16,64 and per_request at 64; fast-dllm-v2-7b (--pool-tokens 4096) "
+            "vanilla,spiffy,specfold ragged at 1,4,16,64; fast-dllm-v2-7b SpecFold per_request at 16,64; merged",
+            "The engine's two attention paths (`attention=\"per_request\"`: one `branch_attention` launch a "
+            "request a layer; `\"ragged\"`: one launch a layer), as in the section above, one timed run a point. "
+            "The ragged path is what `Engine(attention=\"auto\")` takes on CUDA. Kernel-level timings of the "
+            "two: `python -m bench.kernels.bench_ragged_attention` (`bench/kernels/results/bench_ragged_attention.json`).",
             render_batched),
 ]
 

@@ -31,7 +31,7 @@ from ..decoding.commit import confidence
 from ..decoding.defaults import CONFIDENCE_DTYPES
 from ..decoding.specfold import check_tau
 from .folded import verify_batch_folded
-from .forward import check_attention, check_serving_model, verify_batch, write_blocks
+from .forward import check_serving_model, engine_attention, verify_batch, write_blocks
 from .pool import KVPool, PoolExhausted
 from .request import RequestDecode, RequestParams
 
@@ -107,13 +107,13 @@ class Engine:
     >= 0, 0 folds nothing; needed by ``"specfold"`` and taken by no other mode). ``confidence_dtype``: as
     in ``generate``. ``max_waiting``: how many requests may queue for a slot (None: any number);
     ``add_request`` raises ``PoolExhausted`` beyond it. ``attention``: how the batched passes attend,
-    ``"per_request"`` or ``"ragged"`` (``forward``'s module docstring)."""
+    ``"per_request"`` or ``"ragged"`` (``forward``'s module docstring); ``"auto"`` takes ``"ragged"`` on
+    CUDA and ``"per_request"`` elsewhere (``forward.engine_attention``)."""
 
     def __init__(self, model, max_requests: int = 8, max_tokens_per_request: int = 1024, mode: str = "vanilla",
                  draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None,
-                 tau: float | None = None, attention: str = "per_request"):
+                 tau: float | None = None, attention: str = "auto"):
         check_serving_model(model)
-        self.attention = check_attention(attention)
         if not isinstance(mode, str) or mode not in SERVING_MODES:
             raise ValueError(f"mode: expected one of {SERVING_MODES}, got {mode!r}")
         tau = check_tau(tau)
@@ -136,6 +136,7 @@ class Engine:
         self.tau = tau
         self.pool = KVPool(model, max_requests, max_tokens_per_request)
         self.device = model.embed_tokens.weight.device
+        self.attention = engine_attention(attention, self.device)
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._waiting: deque[RequestDecode] = deque()

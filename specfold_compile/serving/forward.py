@@ -44,7 +44,7 @@ from ..models.layers import PositionTables
 from .pool import KVPool
 
 __all__ = ["verify_batch", "write_blocks", "check_serving_model", "attend_requests", "request_rows", "RequestRows",
-           "ATTENTION_PATHS", "check_attention", "request_logits", "row_bounds"]
+           "ATTENTION_PATHS", "check_attention", "engine_attention", "request_logits", "row_bounds"]
 
 ATTENTION_PATHS = ("per_request", "ragged")
 
@@ -56,6 +56,18 @@ def check_serving_model(model) -> None:
     if not isinstance(model, BlockDiffusionLM):
         raise TypeError(f"model: the serving engine needs a specfold_compile BlockDiffusionLM (models.build, "
                         f"from_pretrained, from_hf), got {type(model).__name__}")
+
+
+def engine_attention(attention, device: torch.device) -> str:
+    """The ``Engine``'s path: ``attention`` checked, ``"auto"`` resolved by the device alone (never by the
+    batch): ``"ragged"`` on CUDA, where one launch a layer serves every request (docs/benchmarks.md
+    measures it against ``"per_request"``), ``"per_request"`` elsewhere, where it is the batch-1 forward
+    bit for bit."""
+    if attention == "auto":
+        return "ragged" if torch.device(device).type == "cuda" else "per_request"
+    if not isinstance(attention, str) or attention not in ATTENTION_PATHS:
+        raise ValueError(f"attention: expected 'auto' or one of {ATTENTION_PATHS}, got {attention!r}")
+    return attention
 
 
 def check_attention(attention) -> str:

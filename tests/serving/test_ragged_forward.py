@@ -98,8 +98,18 @@ def test_unknown_attention_is_refused(where):
             "write_blocks": lambda: write_blocks(model, pool, slots, [row[0]], attention="flash"),
             "Engine": lambda: Engine(model, attention="flash"),
             "request_rows": lambda: request_rows(pool, slots, [1], "flash")}[where]
-    with pytest.raises(ValueError, match=r"^attention: expected one of \('per_request', 'ragged'\), got 'flash'"):
+    expected = "'auto' or one of" if where == "Engine" else "one of"
+    with pytest.raises(ValueError, match=rf"^attention: expected {expected} \('per_request', 'ragged'\), got 'flash'"):
         call()
+
+
+def test_the_engines_auto_attention_follows_the_device_alone():
+    from specfold_compile.serving.forward import engine_attention
+
+    assert engine_attention("auto", torch.device("cuda", 0)) == "ragged"
+    assert engine_attention("auto", torch.device("cpu")) == "per_request"
+    assert engine_attention("ragged", torch.device("cpu")) == "ragged"
+    assert Engine(tiny_model(FAMILIES[0])).attention == "per_request"  # the CPU: bit for bit batch-1
 
 
 @pytest.mark.parametrize("family, mode", [(FAMILIES[0], "spiffy"), (FAMILIES[1], "vanilla")])

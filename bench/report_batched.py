@@ -1,0 +1,53 @@
+"""The serving engine's tables of the benchmark page (``bench.batched`` rows): every row, and the
+headline table of tokens/s and latency per shape, concurrency and series (a mode on an attention path,
+``bench.plot.serving_series``)."""
+
+from __future__ import annotations
+
+from bench.plot import serving_series
+from bench.tables import E2E_MODES, SHAPES, fmt, markdown_table, matching
+
+SERVED_MODES = {**E2E_MODES, "specfold_compiled": "SpecFold, Inductor"}  # bench.batched.replay_modes, in words
+
+
+def _batched_modes(data: dict) -> list[str]:
+    return list(dict.fromkeys(serving_series(r) for r in data["rows"]))
+
+
+def _series_label(series: str) -> str:
+    mode, _, ragged = series.partition("+")
+    return SERVED_MODES.get(mode, mode) + (", ragged" if ragged else "")
+
+
+def _gib(x: int | None) -> str:
+    return "" if x is None else f"{x / 2**30:.1f}"
+
+
+def render_batched_headline(data: dict) -> list[str]:
+    """README's serving table: per shape and concurrency, each mode's tokens/s over all requests and its
+    p50 / p99 request latency."""
+    modes = _batched_modes(data)
+    rows = []
+    for model in dict.fromkeys(r["model"] for r in data["rows"]):
+        for c in sorted({r["concurrency"] for r in matching(data, model=model)}):
+            cells = []
+            for mode in modes:
+                r = next((r for r in matching(data, model=model, concurrency=c) if serving_series(r) == mode), None)
+                cells += ["", ""] if r is None else [
+                    f"{r['tokens_per_s']:.0f}", f"{r['p50_latency_ms']:.0f} / {r['p99_latency_ms']:.0f}"]
+            rows.append([SHAPES.get(model, model), str(c)] + cells)
+    header = ["shape", "concurrency"]
+    for mode in modes:
+        header += [f"{_series_label(mode)} (tokens/s)", f"{_series_label(mode)} p50 / p99 (ms)"]
+    return markdown_table(header, rows)
+
+
+def render_batched(data: dict) -> list[str]:
+    rows = [[SHAPES.get(r["model"], r["model"]), _series_label(serving_series(r)), str(r["concurrency"]),
+             str(r["requests"]), f"{r['tokens_per_s']:.0f}", fmt(r["p50_latency_ms"], 1), fmt(r["p99_latency_ms"], 1),
+             f"{r['rows_per_forward']:.1f} / {r['max_rows_per_forward']}", _gib(r["peak_bytes"]), _gib(r["pool_bytes"]),
+             "yes" if r["trace_reproduced"] else "NO"] for r in data["rows"]]
+    arrival = data["rows"][0]["arrival"]
+    return ([f"Arrivals: {arrival}.", ""]
+            + markdown_table(["shape", "mode", "concurrency", "requests", "tokens/s", "p50 latency (ms)", "p99 latency (ms)",
+                      "rows per forward (mean / max)", "peak memory (GiB)", "KV pool (GiB)", "trace reproduced"], rows) + [""])
