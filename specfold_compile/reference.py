@@ -18,10 +18,11 @@ import torch
 from torch import Tensor
 
 from .kernels.attention_ref import branch_attention_ref
-from .kernels.gate_ref import fold_flags_ref, resolve_folds_jump
+from .kernels.gate_ref import FoldChains, chain_depth
 from .models.transformer import BlockDiffusionLM, PositionTables, PrefixCache
 
-__all__ = ["folded_verify", "check_tau", "gate_count", "FoldGates", "folded_layers", "packed_tables", "GATES"]
+__all__ = ["folded_verify", "check_tau", "gate_count", "FoldGates", "folded_layers", "packed_tables", "GATES",
+           "chain_depth"]
 
 GATES = ("layer", "sublayer")
 
@@ -65,19 +66,24 @@ class FoldGates:
     ``[0, n)``, such as a main branch's ``-1``, never folds). Each call ``gates(h)`` on a residual stream
     ``h`` [N, B, C] evaluates the next gate (or takes the next of the forced ``fold_masks``, SPEC P4),
     keeps its mask in ``masks`` and returns the packing (SPEC section 2, steps 1-2): the computed rows
-    (flat ``n * B + b``, in order) and each position's origin slot among them, [N, B]. The origins are
-    resolved by tensor ops (``resolve_folds_jump``); the one host read a gate is the computed rows'
-    count, which sizes the packed batch."""
+    (flat ``n * B + b``, in order) and each position's origin slot among them, [N, B]. The gate and the
+    origins are tensor ops (``gate_ref.FoldChains``, made at the first gate and shared by the others);
+    the one host read a gate is the computed rows' count, which sizes the packed batch. ``depth``: the
+    parents' ``chain_depth`` when the caller has them on the host (fewer rounds of pointer jumping)."""
 
-    def __init__(self, parents: Tensor, tau: float | Tensor, fold_masks: list[Tensor] | None = None):
-        self.parents, self.tau = parents, check_tau(tau)
+    def __init__(self, parents: Tensor, tau: float | Tensor, fold_masks: list[Tensor] | None = None,
+                 depth: int | None = None):
+        self.parents, self.tau, self.depth = parents, check_tau(tau), depth
         forced = None if fold_masks is None else _check_forced(fold_masks, int(parents.shape[0]))
         self._forced = iter(forced) if forced is not None else None
+        self._chains: FoldChains | None = None
         self.masks: list[Tensor] = []
 
     def _fold(self, h: Tensor) -> Tensor:
+        if self._chains is None:
+            self._chains = FoldChains(self.parents.to(h.device), h.shape[1], self.depth)
         if self._forced is None:
-            return fold_flags_ref(h, self.parents, self.tau.to(h.device))
+            return self._chains.flags(h, self.tau.to(h.device))
         forced = next(self._forced)
         if forced.shape != h.shape[:2]:
             raise ValueError(f"fold_masks: expected bool masks of shape {tuple(h.shape[:2])}, got "
@@ -87,8 +93,7 @@ class FoldGates:
     def __call__(self, h: Tensor) -> tuple[Tensor, Tensor]:
         fold = self._fold(h)
         self.masks.append(fold)
-        _, rows, count, slot = resolve_folds_jump(fold, self.parents)
-        return rows[: int(count)], slot
+        return self._chains.pack(fold)
 
 
 def packed_tables(pos: PositionTables, index: Tensor) -> PositionTables:

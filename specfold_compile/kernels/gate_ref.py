@@ -77,27 +77,77 @@ def resolve_folds_ref(fold: torch.Tensor, parents: torch.Tensor, invalid_flag: t
     return origin, rows, count.to(torch.int64), slot
 
 
+class FoldChains:
+    """The fold chains of rows with ``parents`` [N] (on the device the gates run on), ``block`` positions a
+    row, made once a forward and shared by all its gates (the parents do not change between them): the
+    rows that may fold, each position's link to the same position of its parent row, and the rounds of
+    pointer jumping that reach the end of the longest chain. ``depth``: the longest run of valid parent
+    links when the caller knows it (``chain_depth`` of parents on the host); None takes the bound N - 1.
+
+    The gates by tensor ops, a few launches each whatever the rows: ``flags`` is ``fold_flags_ref``,
+    ``resolve`` is ``resolve_folds_ref`` without a host read, and ``pack`` is what a folded forward needs
+    of it, with one host read (the packed batch's size). Origins by pointer jumping: a folded position
+    links to its parent row's position, a computed one to itself (a fixed point); after ``j`` rounds of
+    ``link = link[link]`` a link is ``2^j`` steps up its chain."""
+
+    def __init__(self, parents: torch.Tensor, block: int, depth: int | None = None):
+        n_rows = parents.shape[0]
+        self.valid = valid_parent_rows(parents)                     # [N]
+        self.parent = safe_parents(parents)                         # [N], always a valid index
+        self.flat = torch.arange(n_rows * block, device=parents.device, dtype=torch.int64).view(n_rows, block)
+        self.parent_link = self.parent[:, None] * block + self.flat[0]  # [N, B]
+        longest = n_rows - 1 if depth is None else depth
+        self.rounds = max(longest - 1, 0).bit_length()              # ceil(log2(longest)): 2^rounds >= longest
+
+    def flags(self, h: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+        """``fold_flags_ref(h, parents, tau)``."""
+        hf = h.float()
+        hp = hf[self.parent]                                        # row 0 (and invalid rows) against itself
+        diff = torch.linalg.vector_norm(hf - hp, dim=-1)
+        ref = torch.linalg.vector_norm(hp, dim=-1)
+        return (diff < tau.float() * ref) & self.valid[:, None]    # NaN, tau = 0, zero parent -> False
+
+    def _origins(self, fold: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        fold = fold & self.valid[:, None]
+        link = torch.where(fold, self.parent_link, self.flat).reshape(-1)
+        for _ in range(self.rounds):
+            link = link[link]
+        return fold.reshape(-1), link
+
+    def resolve(self, fold: torch.Tensor):
+        """``resolve_folds_ref(fold, parents)``'s four outputs, no host read: the computed rows first in flat
+        order by a stable sort of the folded flags, the tail zeroed."""
+        folded, link = self._origins(fold)
+        computed = ~folded
+        count = computed.sum()
+        order = torch.sort(folded.to(torch.uint8), stable=True).indices
+        rows = torch.where(torch.arange(folded.numel(), device=fold.device) < count, order, 0)
+        pos = torch.cumsum(computed.long(), 0) - 1
+        return link.view(fold.shape), rows, count, pos[link].view(fold.shape)
+
+    def pack(self, fold: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The packing of a folded forward: the computed rows (flat, in order; their count is the one host
+        read) and each position's origin slot among them, [N, B]."""
+        folded, link = self._origins(fold)
+        computed = ~folded
+        rows = computed.nonzero().squeeze(1)
+        return rows, (torch.cumsum(computed.long(), 0) - 1)[link].view(fold.shape)
+
+
+def chain_depth(parents: list[int]) -> int:
+    """The longest run of valid parent links (``parents[n]`` in ``[0, n)``) of rows whose parents are on
+    the host: how far a fold chain can reach."""
+    depth = [0] * len(parents)
+    for n, p in enumerate(parents):
+        if 0 <= p < n:
+            depth[n] = depth[p] + 1
+    return max(depth, default=0)
+
+
 def resolve_folds_jump(fold: torch.Tensor, parents: torch.Tensor):
-    """``resolve_folds_ref``'s four outputs by tensor ops alone: no loop over rows and no host read, so a
-    large batch of rows resolves in a few launches. Origins by pointer jumping: each position links to
-    the same position of its parent row where it folds (else to itself, a fixed point); after ``j``
-    rounds of ``link = link[link]`` a link is ``2^j`` steps up its fold chain, so ``ceil(log2(N - 1))``
-    rounds reach every chain's computed end. The computed rows come first in flat order by a stable
-    sort of the folded flags, the tail zeroed as in ``resolve_folds_ref``."""
-    N, B = fold.shape
-    dev = fold.device
-    parents = parents.to(dev)
-    flat = torch.arange(N * B, device=dev, dtype=torch.int64).view(N, B)
-    fold = fold & valid_parent_rows(parents)[:, None]
-    link = torch.where(fold, safe_parents(parents)[:, None] * B + flat[0], flat).reshape(-1)
-    for _ in range(max(N - 2, 0).bit_length()):  # ceil(log2(N - 1)): the longest chain has N - 1 links
-        link = link[link]
-    computed = ~fold.reshape(-1)
-    count = computed.sum()
-    order = torch.sort(fold.reshape(-1).to(torch.uint8), stable=True).indices  # computed rows first, in order
-    rows = torch.where(torch.arange(N * B, device=dev) < count, order, 0)
-    pos = torch.cumsum(computed.long(), 0) - 1
-    return link.view(N, B), rows, count, pos[link].view(N, B)
+    """``resolve_folds_ref``'s four outputs by tensor ops alone (``FoldChains.resolve``): no loop over rows
+    and no host read, so a large batch of rows resolves in a few launches."""
+    return FoldChains(parents.to(fold.device), fold.shape[1]).resolve(fold)
 
 
 def fold_gate_ref(h: torch.Tensor, parents: torch.Tensor, tau: torch.Tensor, invalid_flag: torch.Tensor | None = None):

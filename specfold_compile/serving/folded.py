@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ..models.checks import validate_parents
 from ..models.layers import PositionTables
-from ..reference import FoldGates, check_gate, folded_layers, gate_count, packed_tables
+from ..reference import FoldGates, chain_depth, check_gate, folded_layers, gate_count, packed_tables
 from .forward import _row_tables, attend_requests, request_logits, request_rows
 from .pool import KVPool
 
@@ -46,10 +46,11 @@ def _check_lists(slots, rows, parents, logit_positions, fold_masks) -> None:
         raise ValueError("slots: expected at least one request")
 
 
-def _offset_parents(parents: list, counts: list[int], bounds: list[int], device) -> Tensor:
+def _offset_parents(parents: list, counts: list[int], bounds: list[int], device) -> tuple[Tensor, int]:
     """Every request's parents checked (``parents[i]``: int64 [N_i], -1 then rows in topological order) and
-    moved to the rows' concatenation; a main row keeps -1 (no parent: it never folds)."""
-    out = []
+    moved to the rows' concatenation (a main row keeps -1: no parent, it never folds), with their
+    ``chain_depth`` (the longest fold chain lies within one request)."""
+    out, depth = [], 0
     for i, (p, n) in enumerate(zip(parents, counts)):
         p = torch.as_tensor(p, dtype=torch.long).cpu()
         if p.shape != (n,):
@@ -60,7 +61,8 @@ def _offset_parents(parents: list, counts: list[int], bounds: list[int], device)
         except ValueError as exc:
             raise ValueError(f"parents[{i}]: {str(exc).removeprefix('parents: ')}") from None
         out.append(torch.where(p >= 0, p + bounds[i], p))
-    return torch.cat(out).to(device)
+        depth = max(depth, chain_depth(p.tolist()))
+    return torch.cat(out).to(device), depth
 
 
 def _forced_masks(fold_masks: list, counts: list[int], gates: int, block: int, device) -> list[Tensor]:
@@ -107,7 +109,8 @@ def verify_batch_folded(model, pool: KVPool, slots: list[int], rows: list[Tensor
     bounds = owners.bounds
     n_gates = gate_count(len(model.layers), gate)
     forced = None if fold_masks is None else _forced_masks(fold_masks, counts, n_gates, block, device)
-    gates = FoldGates(_offset_parents(parents, counts, bounds, device), tau, forced)
+    offset, depth = _offset_parents(parents, counts, bounds, device)
+    gates = FoldGates(offset, tau, forced, depth=depth)
 
     pos = _row_tables(model, [pool.lengths[s] for s in slots], counts, block, device)  # [R, B, ...]
     flat = PositionTables(pos.cos.flatten(0, 1), pos.sin.flatten(0, 1),

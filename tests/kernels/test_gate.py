@@ -6,7 +6,7 @@ pytest.importorskip("triton")
 
 from specfold_compile.kernels import (fold_gate, fold_gate_from_flags, fold_gate_ref, resolve_folds,  # noqa: E402
                                      resolve_folds_ref)
-from specfold_compile.kernels.gate_ref import fold_flags_ref, resolve_folds_jump  # noqa: E402
+from specfold_compile.kernels.gate_ref import FoldChains, chain_depth, fold_flags_ref, resolve_folds_jump  # noqa: E402
 from specfold_compile.testing import DEVICE, DTYPES, no_host_reads, randn  # noqa: E402
 
 SETTINGS = dict(deadline=None, max_examples=12)
@@ -140,10 +140,28 @@ def test_resolve_folds_jump_matches_ref(sizes, B, p_fold, p_invalid, seed):
             else:
                 parents.append(start + int(torch.randint(0, n, (1,), generator=gen)))
         start += n_rows
+    host_parents = parents
     parents = torch.tensor(parents, dtype=torch.int64, device=DEVICE)
     fold = (torch.rand(start, B, generator=gen) < p_fold).to(DEVICE)
-    for a, b in zip(resolve_folds_jump(fold, parents), resolve_folds_ref(fold, parents)):
+    ref = resolve_folds_ref(fold, parents)
+    for a, b in zip(resolve_folds_jump(fold, parents), ref):
         assert torch.equal(a.cpu(), b.cpu())
+    # the chains of the forward, with the depth its host parents give (fewer rounds): the same packing
+    chains = FoldChains(parents, B, chain_depth(host_parents))
+    assert chains.rounds <= max(start - 2, 0).bit_length()
+    rows, slot = chains.pack(fold)
+    assert torch.equal(rows.cpu(), ref[1][: int(ref[2])].cpu()) and torch.equal(slot.cpu(), ref[3].cpu())
+    h = randn(start, B, 8, gen=gen).cpu()
+    near = chains.parent.cpu()[1::2]
+    h[1::2] = h[near] * (1 + 0.01 * torch.rand(B, 1, generator=gen))  # every other row near its parent
+    tau = torch.tensor(0.05)
+    assert torch.equal(chains.flags(h.to(DEVICE), tau).cpu(), fold_flags_ref(h, parents.cpu(), tau))
+
+
+def test_chain_depth():
+    assert chain_depth([]) == 0 and chain_depth([-1]) == 0
+    assert chain_depth([-1, 0, 1, 2, -1, 4]) == 3  # 3 -> 2 -> 1 -> 0
+    assert chain_depth([-1, 0, 0, 5, 1]) == 2      # row 3's parent is invalid (not earlier): it starts no chain
 
 
 def test_resolve_folds_jump_reads_nothing_back():
