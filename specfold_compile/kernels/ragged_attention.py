@@ -27,6 +27,8 @@ once more.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -129,9 +131,37 @@ def _check_index(t, name: str, n: int, device) -> None:
     expect(t.device == device, name, f"q's device {device}", t.device)
 
 
+def _inputs_ok(q, k, v, k_pool, v_pool, bounds, slots, lengths) -> bool:
+    """Every check of ``check_ragged_inputs`` at once, building no message: the launch's fast path (the
+    engine launches once a layer a step). False hands over to the checks that say what is wrong."""
+    if q.dim() != 4 or k.dim() != 4 or k_pool.dim() != 4:
+        return False
+    R, B, Hq, D = q.shape
+    Hkv = k.shape[2]
+    if not (k.shape[:2] == (R, B) and k.shape[3] == D and Hkv >= 1 and Hq % Hkv == 0 and v.shape == k.shape
+            and k_pool.shape[1] == Hkv and k_pool.shape[3] == D and v_pool.shape == k_pool.shape):
+        return False
+    for t in (q, k, v, k_pool, v_pool):
+        if t.dtype != q.dtype or t.device != q.device or not (t.stride(-1) == 1 or t.shape[-1] == 1):
+            return False
+    if not isinstance(bounds, torch.Tensor) or bounds.dim() != 1 or bounds.shape[0] < 2:
+        return False
+    n_req = bounds.shape[0] - 1
+    return all(isinstance(t, torch.Tensor) and t.dtype in (torch.int32, torch.int64) and t.dim() == 1
+               and t.shape[0] == size and t.device == q.device
+               for t, size in ((bounds, n_req + 1), (slots, n_req), (lengths, n_req)))
+
+
 def check_ragged_inputs(q, k, v, k_pool, v_pool, bounds, slots, lengths):
     """Shape, dtype and device checks of ``ragged_attention`` (metadata only: the index tensors stay on the
     device). Returns the index tensors contiguous."""
+    if not _inputs_ok(q, k, v, k_pool, v_pool, bounds, slots, lengths):
+        _explain_bad_inputs(q, k, v, k_pool, v_pool, bounds, slots, lengths)
+    return bounds.contiguous(), slots.contiguous(), lengths.contiguous()
+
+
+def _explain_bad_inputs(q, k, v, k_pool, v_pool, bounds, slots, lengths) -> None:
+    """The first failing check of ``check_ragged_inputs``, as the one-line error naming its argument."""
     expect(q.dim() == 4, "q", "[R, B, Hq, D]", tuple(q.shape))
     R, B, Hq, D = q.shape
     expect(k.dim() == 4 and k.shape[:2] == (R, B) and k.shape[-1] == D and k.shape[2] >= 1
@@ -152,7 +182,6 @@ def check_ragged_inputs(q, k, v, k_pool, v_pool, bounds, slots, lengths):
     _check_index(slots, "slots", n_req, q.device)
     _check_index(lengths, "lengths", n_req, q.device)
     _check_last_contig(q=q, k=k, v=v, k_pool=k_pool, v_pool=v_pool)
-    return bounds.contiguous(), slots.contiguous(), lengths.contiguous()
 
 
 def ragged_splits(R: int, B: int, q_heads: int, kv_heads: int, capacity: int, device: torch.device,
@@ -165,6 +194,14 @@ def ragged_splits(R: int, B: int, q_heads: int, kv_heads: int, capacity: int, de
     block_m, block_p = ragged_config(B * G)[:2]
     programs = R * triton.cdiv(B * G, block_m) * kv_heads
     return prefix_splits(programs, capacity, block_p, device, R * B * q_heads, tuning=tuning)
+
+
+@functools.lru_cache(maxsize=4096)
+def _splits(R: int, B: int, q_heads: int, kv_heads: int, capacity: int, device: torch.device,
+            tuning: AttentionTuning, interpreted: bool) -> int:
+    """``ragged_splits``, kept per shape: the engine asks once a layer a step for a handful of shapes
+    (``interpreted`` keys the cache by what ``ragged_config`` reads)."""
+    return ragged_splits(R, B, q_heads, kv_heads, capacity, device, tuning)
 
 
 def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor,
@@ -203,7 +240,7 @@ def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: 
     cap = k_pool.shape[2]
     _check_tuning(tuning, needed=False)
     if splits is None:
-        splits = 1 if causal or tuning is None else ragged_splits(R, B, Hq, Hkv, cap, q.device, tuning)
+        splits = 1 if causal or tuning is None else _splits(R, B, Hq, Hkv, cap, q.device, tuning, interpreting())
     out = _common.empty((R, B, Hq, D), q.dtype, q.device)
     if R == 0 or B == 0:
         return out

@@ -8,6 +8,7 @@ takes its defaults from a profile; the fold ops and kernels receive the values a
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from ..kernels.attention_tuning import AttentionTuning
@@ -35,9 +36,9 @@ class DeviceProfile:
     dense_fraction: float  # measured best default of Tuning.dense_fraction
     min_spill_us: float  # measured best default of Tuning.min_spill_us
 
-    @property
+    @functools.cached_property
     def attention(self) -> AttentionTuning:
-        """The attention launchers' share of the profile."""
+        """The attention launchers' share of the profile (made once a profile: launchers ask every call)."""
         return AttentionTuning.from_fields(self)
 
     def replace(self, **changes) -> "DeviceProfile":

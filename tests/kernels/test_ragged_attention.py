@@ -148,6 +148,10 @@ def _good():
     (5, lambda t: t.float(), "bounds"),
     (6, lambda t: t[:1], "slots"),
     (7, lambda t: t.view(2, 1), "lengths"),
+    (0, lambda t: t.transpose(1, 3).contiguous().transpose(1, 3), "q"),  # last dim not contiguous
+    (3, lambda t: t.double(), "k_pool"),
+    (6, lambda t: t.float(), "slots"),
+    (7, lambda t: t[:1], "lengths"),
 ])
 def test_ragged_attention_bad_input(index, bad, name):
     args = _good()
