@@ -197,7 +197,7 @@ def end_to_end_panels(rows: list[dict]) -> list[tuple[str, list[tuple[str, str, 
         elif "tokens_per_s" in r:
             title = r.get("kind") or (f"{r['model']}, trace-driven" if r.get("trace_driven") else f"{r['model']}, measured")
             if r.get("fuse_boundaries"):
-                title += ",\nfused block boundaries"
+                title += ",\nfused block writes" if r["fuse_boundaries"] == "writes" else ",\nfused block boundaries"
             value = r["tokens_per_s"]
         else:
             continue

@@ -190,7 +190,7 @@ def render_decode_loop(data: dict) -> list[str]:
                + ", ".join(checks) + ".", ""])
 
 
-BOUNDARIES = {False: "separate", True: "fused"}  # generate(fuse_boundaries=...) of a trace-driven row
+BOUNDARIES = {False: "separate", True: "fused", "writes": "fused writes"}  # generate(fuse_boundaries=...) of a row
 
 
 def _e2e_ratio(data: dict, row: dict) -> str:
@@ -227,7 +227,7 @@ def render_end_to_end(data: dict) -> list[str]:
                   "recorded calls and tokens):", ""]
         lines += markdown_table(["shape", "task", "block boundaries", "mode", "tokens/s", "NFE", "step (ms)", "host (ms)",
                          "TTFT (ms)", "/ Spiffy, Inductor", "trace reproduced"],
-                        [[SHAPES.get(r["model"], r["model"]), r["task"], BOUNDARIES[bool(r.get("fuse_boundaries"))],
+                        [[SHAPES.get(r["model"], r["model"]), r["task"], BOUNDARIES[r.get("fuse_boundaries") or False],
                           E2E_MODES[r["mode"]],
                           f"{r['tokens_per_s']:.0f}", fmt(r["nfe"]), fmt(r["step_ms"]), fmt(r["host_ms"]),
                           fmt(r["ttft_ms"], 1), _e2e_ratio(data, r), "yes" if r["trace_reproduced"] else "NO"]

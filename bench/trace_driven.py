@@ -21,12 +21,12 @@ The record's model has 6 layers: gate ``g`` of a real-shape model takes the reco
 ``g * 6 // layers``. The record is a Fast-dLLM v2 decode; a model of the other family (NLD-3B) lays a
 prompt out alike only when it fills whole blocks, so it replays a record made with ``--grid`` (prompts
 left-padded with the pad token to whole blocks). ``--fuse-boundaries`` records (and so replays)
-``generate(fuse_boundaries=True)``'s loop; an NLD model cannot replay such a record (it has no seed
-prediction, ``generate``'s docstring). Rows as ``bench.end_to_end``'s, with ``trace_driven`` True and
+``generate(fuse_boundaries=True)``'s loop (``--fuse-boundaries writes``: ``fuse_boundaries="writes"``'s);
+an NLD model cannot replay such a record (it has no seed prediction, ``generate``'s docstring). Rows as ``bench.end_to_end``'s, with ``trace_driven`` True and
 ``fuse_boundaries`` from the record::
 
     python -m bench.trace_driven record --out TRACE.pt [--limit 4] [--tasks math,code,instruct] [--tau 0.1] [--grid]
-        [--fuse-boundaries]
+        [--fuse-boundaries [writes]]
     python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models fast-dllm-v2-1.5b [--out FILE]
 """
 
@@ -124,7 +124,7 @@ def replay(args, trace: dict, name: str) -> list[dict]:
     if cfg.family != trace["family"] and not trace["grid"]:
         raise SystemExit(f"--models {name}: a {cfg.family} model lays prompts out unlike the record's "
                          f"{trace['family']}; replay a record made with --grid")
-    args.fuse_boundaries = bool(trace.get("fuse_boundaries", False))  # the record's loop
+    args.fuse_boundaries = trace.get("fuse_boundaries", False)  # the record's loop: False, True or "writes"
     if args.fuse_boundaries and not cfg.shift_logits:
         raise SystemExit(f"--models {name}: the record verifies blocks with their writes (--fuse-boundaries), which "
                          f"a {cfg.family} model cannot (no seed prediction); replay a record made without it")
@@ -226,8 +226,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tau", type=float, default=0.1, help="record: SpecFold's fold threshold")
     ap.add_argument("--grid", action="store_true",
                     help="record: prompts left-padded (pad token) to whole blocks, replayable by either family")
-    ap.add_argument("--fuse-boundaries", action="store_true",
-                    help="record: generate(fuse_boundaries=True)'s loop (replay: read from the record)")
+    ap.add_argument("--fuse-boundaries", nargs="?", const=True, default=False, choices=("writes",),
+                    help="record: generate(fuse_boundaries=True)'s loop, or with 'writes' "
+                         "generate(fuse_boundaries='writes')'s (replay: read from the record)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--draft-budget", type=int, default=16)
     ap.add_argument("--models", default="fast-dllm-v2-1.5b", help="replay: comma-separated presets")
@@ -253,7 +254,7 @@ def main(argv=None) -> int:
     return run_command(ap, args, out, record, replay, "end_to_end", lambda trace: {
         "trace": args.trace, "record_model": trace["model"], "tau": trace["tau"], "prompts": len(trace["prompts"]),
         "repeats": args.repeats, "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
-        "fuse_boundaries": bool(trace.get("fuse_boundaries", False)), "device": args.device})
+        "fuse_boundaries": trace.get("fuse_boundaries", False), "device": args.device})
 
 
 if __name__ == "__main__":

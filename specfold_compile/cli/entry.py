@@ -20,9 +20,10 @@ def add_decoding_arguments(p) -> None:
     """The arguments of ``generate`` and ``demo``."""
     add_model_arguments(p)
     p.add_argument("--tau", type=arguments.tau, default=0.1)
-    p.add_argument("--fuse-boundaries", action="store_true",
+    p.add_argument("--fuse-boundaries", nargs="?", const=True, default=False, choices=("writes",),
                    help="verify each block's first state in the pass that writes the prefix before it "
-                        "(generate(fuse_boundaries=True)): the same tokens, fewer forwards")
+                        "(generate(fuse_boundaries=True)): the same tokens, fewer forwards; "
+                        "'--fuse-boundaries writes': the block writes only, not the prompt's prefill")
     add_cuda_graphs_argument(p)
 
 

@@ -221,7 +221,7 @@ def _verify(model: VerifyForward | DecodingModel, rows: torch.Tensor, parents: l
 def _decode(model: DecodingModel, prompt_ids, mode, max_new_tokens, threshold, draft_budget, graph, stop_at_eos,
             trace=None, compile_writes=False, all_logits=False, graphs: VerifyGraphs | None = None,
             confidence_dtype: str = DEFAULTS.confidence_dtype, forward: VerifyForward | None = None,
-            fuse_boundaries: bool = False) -> GenerateResult:
+            fuse_boundaries: bool | str = False) -> GenerateResult:
     """The decode loop; ``forward``: the verification call (None: ``model`` itself)."""
     forward = model if forward is None else forward
     B, sb, mask_id, eos_id = _model_consts(model)
@@ -233,10 +233,11 @@ def _decode(model: DecodingModel, prompt_ids, mode, max_new_tokens, threshold, d
     spiffy = mode != "vanilla" and draft_budget > 0 and graph is not None and len(graph) > 0
     writes = {"compiled": True} if compile_writes else {}  # other models' prefill need not take it
     device = prompt_ids.device
-    guessing = fuse_boundaries and bool(model.config.shift_logits)  # each call also predicts the next seed
+    guessing = bool(fuse_boundaries) and bool(model.config.shift_logits)  # each call also predicts the next seed
     t0 = time.perf_counter()
     # verified: (state, logits [B, V]) of the next block's first state, from the pass before it
-    cache, verified = boundaries.prefill(model, layout, writes, fuse_boundaries, B, mask_id, device)
+    cache, verified = boundaries.prefill(model, layout, writes, boundaries.fuses_prefill(fuse_boundaries), B,
+                                         mask_id, device)
     if graphs is not None:  # a static cache with room for every block this call may write (and verify)
         cache = graphs.attach(cache, layout.last_block_start(max_new_tokens) + (B if fuse_boundaries else 0))
         captures0, replays0 = graphs.captures, graphs.replays
@@ -319,7 +320,7 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
              cuda_graphs: bool | VerifyGraphs = False,
              confidence_dtype: str = DEFAULTS.confidence_dtype, tau: float | None = None,
              specfold_options: dict | None = None, loop: str = "host",
-             fuse_boundaries: bool = DEFAULTS.fuse_boundaries) -> GenerateResult:
+             fuse_boundaries: bool | str = DEFAULTS.fuse_boundaries) -> GenerateResult:
     """Greedy block-diffusion decoding of ``prompt_ids`` (1-D int64). Defaults: ``decoding.DEFAULTS``.
 
     ``mode="vanilla"``: one forward per denoising step. ``mode="spiffy"``: each forward also verifies up
@@ -386,14 +387,14 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
     block opened with that guess, and its logits are used only when the write's own seed equals the
     guess (else the block's first call runs as usual). A family without the shift (NLD) has no such
     prediction: its writes stay separate. ``steps`` keeps such a step, ``fused`` set; ``nfe`` counts
-    the one pass.
+    the one pass. ``fuse_boundaries="writes"`` fuses the block writes only (the prefill stays a pass of
+    its own, the first block's first state a call of its own).
     """
     if loop not in ("host", "device"):
         raise ValueError(f"loop: expected 'host' or 'device', got {loop!r}")
     _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes, all_logits,
               confidence_dtype)
-    if not isinstance(fuse_boundaries, bool):
-        raise TypeError(f"fuse_boundaries: expected a bool, got {type(fuse_boundaries).__name__}")
+    boundaries.check_fuse_boundaries(fuse_boundaries)
     forward = verification_forward(model, mode, tau, specfold_options)
     if isinstance(cuda_graphs, VerifyGraphs):
         # the same module compiled otherwise (or eager) is another target

@@ -24,7 +24,7 @@ class DecodingDefaults:
     draft_budget: int = 16
     threshold: float = 0.9
     confidence_dtype: str = "model"
-    fuse_boundaries: bool = False
+    fuse_boundaries: bool | str = False
 
 
 DEFAULTS = DecodingDefaults()

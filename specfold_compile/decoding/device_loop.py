@@ -208,7 +208,7 @@ class DeviceDecoder:
 def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, graph, stop_at_eos,
                      compile_writes=False, graphs: VerifyGraphs | None = None,
                      confidence_dtype: str = "model", compile_step: bool | None = None,
-                     forward=None, trace=None, fuse_boundaries: bool = False) -> GenerateResult:
+                     forward=None, trace=None, fuse_boundaries: bool | str = False) -> GenerateResult:
     """``decoder._decode``'s loop with ``DeviceDecoder`` steps (arguments validated by ``generate``;
     ``compile_step``: ``DeviceDecoder``'s; ``forward``: the verification call, None: ``model`` itself).
     ``trace``: a ``step_forcing.StepRecorder`` (records every step's outcome and every seed) or
@@ -228,10 +228,11 @@ def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_b
                                        graphs, compile_step, trace)
     captures0, replays0 = decoder.captures, decoder.replays
     writes = {"compiled": True} if compile_writes else {}
-    guessing = fuse_boundaries and bool(model.config.shift_logits)
+    guessing = bool(fuse_boundaries) and bool(model.config.shift_logits)
     t0 = time.perf_counter()
     # verified: (state, logits [B, V]) of the next block's first state, from the pass before it
-    cache, verified = boundaries.prefill(model, layout, writes, fuse_boundaries, B, mask_id, device)
+    cache, verified = boundaries.prefill(model, layout, writes, boundaries.fuses_prefill(fuse_boundaries), B,
+                                         mask_id, device)
     if graphs is not None:
         cache = graphs.attach(cache, layout.last_block_start(max_new_tokens) + (B if fuse_boundaries else 0))
     nfe = 1 if layout.prefill_ids.numel() else 0

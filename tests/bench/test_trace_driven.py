@@ -44,3 +44,16 @@ def test_replay_errors(trace, tmp_path, capsys):
     with pytest.raises(SystemExit, match="block size 16, the record's is 32"):
         trace_driven.main(["replay", "--device", "cpu", "--trace", str(trace), "--models", "tiny-nld",
                            "--out", str(tmp_path / "x.json")])
+
+
+def test_a_writes_only_record_replays_as_such(tmp_path):
+    """``--fuse-boundaries writes``: the record keeps the setting, the replay decodes with it and says so."""
+    path, out = tmp_path / "writes.pt", tmp_path / "writes.json"
+    assert trace_driven.main(["record", "--device", "cpu", "--limit", "1", "--tasks", "math", "--max-new-tokens", "40",
+                              "--fuse-boundaries", "writes", "--out", str(path)]) == 0
+    assert torch.load(path, weights_only=False)["fuse_boundaries"] == "writes"
+    assert trace_driven.main(["replay", "--device", "cpu", "--eager-graphs", "--trace", str(path), "--models",
+                              "tiny-fast-dllm-v2", "--modes", "vanilla", "--override", TINY_AT_RECORD_SHAPE,
+                              "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["fuse_boundaries"] == "writes" and row["trace_reproduced"] is True

@@ -78,8 +78,9 @@ def test_next_block_is_checked():
             model.write_block(static, block, next_block=block.clone())
         with pytest.raises(ValueError, match="next_block: an empty prompt"):
             model.prefill(torch.zeros(0, dtype=torch.long), next_block=block.clone())
-    with pytest.raises(TypeError, match="fuse_boundaries: expected a bool"):
-        generate(model, prompt, fuse_boundaries=1)
+    for bad in (1, "all", None):
+        with pytest.raises(ValueError, match=r"^fuse_boundaries: expected False, True or 'writes', got"):
+            generate(model, prompt, fuse_boundaries=bad)
 
 
 def _fused(result) -> int:
@@ -110,6 +111,23 @@ def test_fused_boundaries_decode_the_same_tokens_with_fewer_forwards(name, seed,
             host = generate(model, prompt, fuse_boundaries=True, **kwargs)
             assert [(s.branches, s.accepted, s.fused) for s in host.steps] == \
                 [(s.branches, s.accepted, s.fused) for s in fused.steps]
+
+
+@pytest.mark.parametrize("loop", ["host", "device"])
+def test_writes_only_fusion_leaves_the_prefill_alone(loop):
+    """``fuse_boundaries="writes"``: a prompt tail's first state gets its own call (the prefill verifies
+    nothing), the block writes still fuse; the same tokens, one forward fewer a fused step."""
+    model = MODELS["tiny-fast-dllm-v2"]
+    B = model.config.block_size
+    prompt = torch.arange(1, 2 * B + 3) % model.config.vocab_size  # ends in a partial block
+    kwargs = dict(mode="spiffy", max_new_tokens=3 * B, stop_at_eos=False, loop=loop)
+    plain = generate(model, prompt, **kwargs)
+    everything = generate(model, prompt, fuse_boundaries=True, **kwargs)
+    writes = generate(model, prompt, fuse_boundaries="writes", **kwargs)
+    assert writes.tokens == plain.tokens == everything.tokens
+    assert everything.steps[0].fused and not writes.steps[0].fused
+    assert writes.nfe == plain.nfe - _fused(writes) and _fused(writes) == _fused(everything) - 1
+    assert _fused(writes) > 0, "no block write fused: the test decodes too few blocks"
 
 
 def test_a_prompt_tail_fuses_the_first_step_exactly():

@@ -202,3 +202,13 @@ def test_eval_cuda_graphs_one_verify_graphs_per_target(tmp_path, monkeypatch):
         by_target.setdefault(id(t), set()).add(id(g))
     assert len(by_target) == 2 and all(len(gs) == 1 for gs in by_target.values())
     assert sum(g.replays for g in {id(g): g for _, g in seen}.values()) > 0
+
+
+def test_generate_fuse_boundaries_flag(capsys):
+    """``--fuse-boundaries`` and ``--fuse-boundaries writes`` decode the unfused text."""
+    args = ["generate", "--prompt", "3+4=", "--max-new-tokens", "40", "--mode", "spiffy"]
+    texts = []
+    for extra in ([], ["--fuse-boundaries"], ["--fuse-boundaries", "writes"]):
+        assert main(args + extra) == 0
+        texts.append(capsys.readouterr().out.split("\nmode=")[0])
+    assert texts[0] == texts[1] == texts[2]
