@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 from bench.report_batched import render_batched, render_batched_headline
-from bench.tables import E2E_MODES, SHAPES, first_matching, fmt, markdown_table, matching
+from bench.tables import E2E_MODES, SHAPES
+from bench.tables import first_matching as _one, fmt as _f, markdown_table as _table, matching as _rows
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -67,41 +68,41 @@ def _versions(data: dict) -> str:
 def render_per_check(data: dict) -> list[str]:
     out = []
     for model in SHAPES:
-        for prefix in sorted({r["prefix"] for r in matching(data, model=model)}):
+        for prefix in sorted({r["prefix"] for r in _rows(data, model=model)}):
             sel = dict(model=model, prefix=prefix)
-            ns = sorted({r["n_branches"] for r in matching(data, mode="specfold", **sel)})
-            ratios = {t: first_matching(data, mode="specfold", target_ratio=t, n_branches=17, **sel) for t in TARGET_RATIOS}
+            ns = sorted({r["n_branches"] for r in _rows(data, mode="specfold", **sel)})
+            ratios = {t: _one(data, mode="specfold", target_ratio=t, n_branches=17, **sel) for t in TARGET_RATIOS}
             header = ["N", "dense eager", "dense Inductor"]
             header += [f"SpecFold r={r['recompute_ratio']:.2f}" if r else f"SpecFold target {t}"
                        for t, r in ratios.items()]
             header += ["headline / eager", "headline / Inductor", "floor", "headline / floor"]
             rows = []
             for n in ns:
-                eager = first_matching(data, mode="dense", n_branches=n, **sel)
-                ind = first_matching(data, mode="dense_compiled", n_branches=n, **sel)
+                eager = _one(data, mode="dense", n_branches=n, **sel)
+                ind = _one(data, mode="dense_compiled", n_branches=n, **sel)
                 cells, head = [], None
                 for t in TARGET_RATIOS:
-                    r = first_matching(data, mode="specfold", target_ratio=t, n_branches=n, **sel)
+                    r = _one(data, mode="specfold", target_ratio=t, n_branches=n, **sel)
                     if n == 1:  # nothing to fold: one plain-graph point, in the first column
-                        r = first_matching(data, mode="specfold", n_branches=1, **sel) if t == TARGET_RATIOS[0] else None
+                        r = _one(data, mode="specfold", n_branches=1, **sel) if t == TARGET_RATIOS[0] else None
                     plain = r is not None and (r.get("folded") is False or n == 1)
-                    cells.append("" if r is None else fmt(r["ms"]) + (" (plain)" if plain else ""))
+                    cells.append("" if r is None else _f(r["ms"]) + (" (plain)" if plain else ""))
                     if t == HEADLINE_RATIO or (n == 1 and r is not None):
                         head = r
-                floor = first_matching(data, mode="floor", target_ratio=HEADLINE_RATIO, n_branches=n, **sel)
+                floor = _one(data, mode="floor", target_ratio=HEADLINE_RATIO, n_branches=n, **sel)
                 ratio = (lambda base: f"{head['ms'] / base['ms']:.2f}x" if head and base else "")
-                rows.append([str(n), fmt(eager and eager["ms"]), fmt(ind and ind["ms"])] + cells
-                            + [ratio(eager), ratio(ind), fmt(floor and floor["ms"]), ratio(floor)])
+                rows.append([str(n), _f(eager and eager["ms"]), _f(ind and ind["ms"])] + cells
+                            + [ratio(eager), ratio(ind), _f(floor and floor["ms"]), ratio(floor)])
             out += [f"**{SHAPES[model]}, prefix {prefix}** (ms per verification forward)", ""]
-            out += markdown_table(header, rows) + [""]
+            out += _table(header, rows) + [""]
     writes = [(SHAPES[r["model"]], r["prefix"], r["mode"], r["ms"]) for r in data["rows"]
               if r["mode"] in ("write", "write_compiled")]
     if writes:
         out += ["Block writes (one block after the prefix, ms):", ""]
         keys = sorted({(m, p) for m, p, _, _ in writes}, key=lambda k: (list(SHAPES.values()).index(k[0]), k[1]))
         get = {(m, p, mode): ms for m, p, mode, ms in writes}
-        out += markdown_table(["shape", "prefix", "eager", "Inductor"],
-                      [[m, str(p), fmt(get.get((m, p, "write"))), fmt(get.get((m, p, "write_compiled")))]
+        out += _table(["shape", "prefix", "eager", "Inductor"],
+                      [[m, str(p), _f(get.get((m, p, "write"))), _f(get.get((m, p, "write_compiled")))]
                        for m, p in keys]) + [""]
     return out
 
@@ -112,14 +113,14 @@ def render_headline(data: dict, prefix: int = 512, ns: tuple[int, ...] = (5, 17,
     for model, shape in SHAPES.items():
         for n in ns:
             sel = dict(model=model, prefix=prefix, n_branches=n)
-            eager, ind = first_matching(data, mode="dense", **sel), first_matching(data, mode="dense_compiled", **sel)
-            sf = first_matching(data, mode="specfold", target_ratio=HEADLINE_RATIO, **sel)
+            eager, ind = _one(data, mode="dense", **sel), _one(data, mode="dense_compiled", **sel)
+            sf = _one(data, mode="specfold", target_ratio=HEADLINE_RATIO, **sel)
             if not (eager and ind and sf):
                 continue
-            rows.append([shape, str(n), fmt(eager["ms"]), fmt(ind["ms"]),
-                         fmt(sf["ms"]) + ("" if sf.get("folded", True) else " (plain graph)"),
+            rows.append([shape, str(n), _f(eager["ms"]), _f(ind["ms"]),
+                         _f(sf["ms"]) + ("" if sf.get("folded", True) else " (plain graph)"),
                          f"{sf['recompute_ratio']:.2f}", f"{sf['ms'] / eager['ms']:.2f}x", f"{sf['ms'] / ind['ms']:.2f}x"])
-    return markdown_table(["shape", "N", "dense eager (ms)", "dense Inductor (ms)", "SpecFold (ms)", "recompute ratio",
+    return _table(["shape", "N", "dense eager (ms)", "dense Inductor (ms)", "SpecFold (ms)", "recompute ratio",
                    "SpecFold / eager", "SpecFold / Inductor"], rows)
 
 
@@ -130,7 +131,7 @@ def render_check(data: dict) -> list[str]:
             ("cuda_graph_replay_vs_call", "CUDA-graph replay vs call")]
     rows = [[SHAPES.get(r["model"], r["model"])] + [f"{100 * r[k]:.2f}%" for k, _ in cols]
             + ["yes" if r.get("ok") else "no"] for r in data["rows"]]
-    return markdown_table(["shape"] + [c for _, c in cols] + ["ok"], rows) + [""]
+    return _table(["shape"] + [c for _, c in cols] + ["ok"], rows) + [""]
 
 
 def render_breakdown(data: dict) -> list[str]:
@@ -141,50 +142,50 @@ def render_breakdown(data: dict) -> list[str]:
         if r["part"] not in parts:
             parts.append(r["part"])
     get = {(r["model"], r["mode"], r["part"]): r["ms_per_forward"] for r in data["rows"]}
-    rows = [[PARTS.get(p, p)] + [fmt(get.get((m, mode, p))) or "-" for m, mode in cols] for p in parts]
-    rows.append(["total"] + [fmt(sum(v for (m2, mo2, _), v in get.items() if (m2, mo2) == c)) for c in cols])
+    rows = [[PARTS.get(p, p)] + [_f(get.get((m, mode, p))) or "-" for m, mode in cols] for p in parts]
+    rows.append(["total"] + [_f(sum(v for (m2, mo2, _), v in get.items() if (m2, mo2) == c)) for c in cols])
     n, prefix = data["rows"][0]["n_branches"], data["rows"][0]["prefix"]
     header = ["part"] + [f"{SHAPES[m]} {MODES.get(mode, mode)}" for m, mode in cols]
-    return [f"Kernel time in ms per forward, N = {n}, prefix {prefix}:", ""] + markdown_table(header, rows) + [""]
+    return [f"Kernel time in ms per forward, N = {n}, prefix {prefix}:", ""] + _table(header, rows) + [""]
 
 
 def render_memory(data: dict) -> list[str]:
     rows = []
     for prefix in sorted({r["prefix"] for r in data["rows"]}):
-        for n in sorted({r["n_branches"] for r in matching(data, prefix=prefix)}):
-            d = first_matching(data, prefix=prefix, n_branches=n, mode="dense")
-            s = first_matching(data, prefix=prefix, n_branches=n, mode="specfold")
+        for n in sorted({r["n_branches"] for r in _rows(data, prefix=prefix)}):
+            d = _one(data, prefix=prefix, n_branches=n, mode="dense")
+            s = _one(data, prefix=prefix, n_branches=n, mode="specfold")
             copy = (d or s)["per_branch_cache_copy_bytes"]
-            rows.append([str(prefix), str(n), fmt(d and d["extra_bytes"] / 2**20, 1), fmt(s and s["extra_bytes"] / 2**20, 1),
-                         fmt(copy / 2**30, 2), f"{100 * s['extra_bytes'] / copy:.1f}%" if s else ""])
+            rows.append([str(prefix), str(n), _f(d and d["extra_bytes"] / 2**20, 1), _f(s and s["extra_bytes"] / 2**20, 1),
+                         _f(copy / 2**30, 2), f"{100 * s['extra_bytes'] / copy:.1f}%" if s else ""])
     model = SHAPES.get(data["rows"][0]["model"], data["rows"][0]["model"])
     return ([f"{model}, peak memory beyond weights and cache:", ""]
-            + markdown_table(["prefix", "N", "dense (MiB)", "SpecFold (MiB)", "a per-branch cache copy (GiB)",
+            + _table(["prefix", "N", "dense (MiB)", "SpecFold (MiB)", "a per-branch cache copy (GiB)",
                       "SpecFold / copy"], rows) + [""])
 
 
 def render_launch(data: dict) -> list[str]:
     rows = [[SHAPES[r["model"]], str(r["n_branches"]), MODES.get(r["mode"], r["mode"]), "yes" if r["folded"] else "no",
-             fmt(r["ms"]), fmt(r["launched_ms"]), fmt(r["host_ms"]), str(int(r["launches_per_call"]))]
+             _f(r["ms"]), _f(r["launched_ms"]), _f(r["host_ms"]), str(int(r["launches_per_call"]))]
             for r in data["rows"]]
-    return markdown_table(["shape", "N", "mode", "folded", "CUDA-graph replay (ms)", "launched (ms)",
+    return _table(["shape", "N", "mode", "folded", "CUDA-graph replay (ms)", "launched (ms)",
                    "host time (ms)", "launches per call"], rows) + [""]
 
 
 def render_decode_loop(data: dict) -> list[str]:
     rows = []
     for model in SHAPES:
-        for n in sorted({r["n_branches"] for r in matching(data, part="shape", model=model)}):
-            sp = first_matching(data, part="shape", model=model, n_branches=n, mode="spiffy_compiled")
-            sf = first_matching(data, part="shape", model=model, n_branches=n, mode="specfold")
+        for n in sorted({r["n_branches"] for r in _rows(data, part="shape", model=model)}):
+            sp = _one(data, part="shape", model=model, n_branches=n, mode="spiffy_compiled")
+            sf = _one(data, part="shape", model=model, n_branches=n, mode="specfold")
             if not (sp and sf):
                 continue
-            rows.append([SHAPES[model], str(n), fmt(sp["launched_ms"]), fmt(sp["cuda_graph_ms"]),
-                         fmt(sf["launched_ms"]), fmt(sf["cuda_graph_ms"]),
+            rows.append([SHAPES[model], str(n), _f(sp["launched_ms"]), _f(sp["cuda_graph_ms"]),
+                         _f(sf["launched_ms"]), _f(sf["cuda_graph_ms"]),
                          "folded" if sf["recompute_ratio"] is not None else "plain",
                          f"{sf['cuda_graph_ms'] / sp['cuda_graph_ms']:.2f}x"])
-    checks = [f"{SHAPES[r['model']]} {r['rel_err_static_vs_dynamic']:g}" for r in matching(data, part="shape_check")]
-    return (markdown_table(["shape", "N", "Spiffy, Inductor: launched", "replayed", "SpecFold: launched",
+    checks = [f"{SHAPES[r['model']]} {r['rel_err_static_vs_dynamic']:g}" for r in _rows(data, part="shape_check")]
+    return (_table(["shape", "N", "Spiffy, Inductor: launched", "replayed", "SpecFold: launched",
                     "replayed", "SpecFold's replay", "SpecFold / Spiffy, replayed"], rows)
             + ["", "Static cache against dynamic cache, relative difference of the logits (eager, bf16): "
                + ", ".join(checks) + ".", ""])
@@ -194,7 +195,7 @@ BOUNDARIES = {False: "separate", True: "fused", "writes": "fused writes"}  # gen
 
 
 def _e2e_ratio(data: dict, row: dict) -> str:
-    base = first_matching(data, model=row["model"], task=row["task"], mode="spiffy_compiled", trace_driven=row["trace_driven"],
+    base = _one(data, model=row["model"], task=row["task"], mode="spiffy_compiled", trace_driven=row["trace_driven"],
                 fuse_boundaries=row.get("fuse_boundaries"))
     return f"{row['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else ""
 
@@ -205,8 +206,8 @@ def render_e2e_headline(data: dict) -> list[str]:
     rows = []
     for model in SHAPES:
         for fused in BOUNDARIES:
-            for task in dict.fromkeys(r["task"] for r in matching(data, model=model, trace_driven=True)):
-                by_mode = {m: first_matching(data, model=model, task=task, mode=m, trace_driven=True, fuse_boundaries=fused)
+            for task in dict.fromkeys(r["task"] for r in _rows(data, model=model, trace_driven=True)):
+                by_mode = {m: _one(data, model=model, task=task, mode=m, trace_driven=True, fuse_boundaries=fused)
                            for m in E2E_MODES}
                 if not all(by_mode.values()):
                     continue
@@ -214,7 +215,7 @@ def render_e2e_headline(data: dict) -> list[str]:
                 rows.append([SHAPES[model], task, BOUNDARIES[fused]]
                             + [f"{by_mode[m]['tokens_per_s']:.0f}" for m in E2E_MODES]
                             + [_e2e_ratio(data, sf), f"{100 * sf['host_ms'] / sf['step_ms']:.0f}%"])
-    return markdown_table(["shape", "task", "block boundaries"] + [f"{w} (tokens/s)" for w in E2E_MODES.values()]
+    return _table(["shape", "task", "block boundaries"] + [f"{w} (tokens/s)" for w in E2E_MODES.values()]
                   + ["SpecFold / Spiffy, Inductor", "host share of a SpecFold step"], rows)
 
 
@@ -225,22 +226,22 @@ def render_end_to_end(data: dict) -> list[str]:
         lines += ["Trace-driven at the real shapes (random bf16 weights; every call, seed, fold mask and accepted "
                   "draft forced from the shipped model's record; trace reproduced: the replay made exactly the "
                   "recorded calls and tokens):", ""]
-        lines += markdown_table(["shape", "task", "block boundaries", "mode", "tokens/s", "NFE", "step (ms)", "host (ms)",
+        lines += _table(["shape", "task", "block boundaries", "mode", "tokens/s", "NFE", "step (ms)", "host (ms)",
                          "TTFT (ms)", "/ Spiffy, Inductor", "trace reproduced"],
                         [[SHAPES.get(r["model"], r["model"]), r["task"], BOUNDARIES[r.get("fuse_boundaries") or False],
                           E2E_MODES[r["mode"]],
-                          f"{r['tokens_per_s']:.0f}", fmt(r["nfe"]), fmt(r["step_ms"]), fmt(r["host_ms"]),
-                          fmt(r["ttft_ms"], 1), _e2e_ratio(data, r), "yes" if r["trace_reproduced"] else "NO"]
+                          f"{r['tokens_per_s']:.0f}", _f(r["nfe"]), _f(r["step_ms"]), _f(r["host_ms"]),
+                          _f(r["ttft_ms"], 1), _e2e_ratio(data, r), "yes" if r["trace_reproduced"] else "NO"]
                          for r in traced])
         lines += [""]
-    shipped = [[r["task"], r["mode"], r.get("loop", ""), f"{r['tokens_per_s']:.0f}", fmt(r["nfe"]), fmt(r["step_ms"]),
-                fmt(r["host_ms"]), fmt(r["ttft_ms"], 1),
+    shipped = [[r["task"], r["mode"], r.get("loop", ""), f"{r['tokens_per_s']:.0f}", _f(r["nfe"]), _f(r["step_ms"]),
+                _f(r["host_ms"]), _f(r["ttft_ms"], 1),
                 {True: "yes", False: "NO", None: "-"}[r.get("same_as_host_twin")]]
                for r in data["rows"] if not r["trace_driven"]]
     if shipped:
         lines += ["The shipped model itself (its own acceptance; `bench.end_to_end`): the Python loop "
                   "(`loop=\"host\"`) against the device loop (`*_device`), CUDA graphs on:", ""]
-        lines += markdown_table(["task", "mode", "loop", "tokens/s", "NFE", "step (ms)", "host (ms)", "TTFT (ms)",
+        lines += _table(["task", "mode", "loop", "tokens/s", "NFE", "step (ms)", "host (ms)", "TTFT (ms)",
                          "same tokens as the Python loop"], shipped) + [""]
     return lines
 
@@ -249,13 +250,13 @@ def render_eval(data: dict) -> list[str]:
     rows = []
     for task, modes in data["results"].items():
         for mode, r in modes.items():
-            rows.append([task, mode, fmt(r["accuracy"]), fmt(r["nfe"]), f"{r['tokens_per_s']:.0f}",
-                         fmt(r["accepted_per_call"]) if mode != "vanilla" else "-",
-                         fmt(r["recompute_ratio"], 3) if r["recompute_ratio"] is not None else "-"])
+            rows.append([task, mode, _f(r["accuracy"]), _f(r["nfe"]), f"{r['tokens_per_s']:.0f}",
+                         _f(r["accepted_per_call"]) if mode != "vanilla" else "-",
+                         _f(r["recompute_ratio"], 3) if r["recompute_ratio"] is not None else "-"])
     s = data["settings"]
     lines = [f"{s['limit']} test problems a task, tau = {s['tau']}, draft budget "
              f"{', '.join(map(str, s['draft_budgets']))}, kernels `{s['kernels']}` on the {s['device']}:", ""]
-    lines += markdown_table(["task", "mode", "accuracy", "NFE", "tokens/s", "accepted drafts per call",
+    lines += _table(["task", "mode", "accuracy", "NFE", "tokens/s", "accepted drafts per call",
                      "recompute ratio"], rows)
     equal = data.get("spiffy_tokens_equal_vanilla", {})
     lines += ["", "Spiffy's tokens equal vanilla's: " + ", ".join(f"{t} {'yes' if v else 'no'}" for t, v in equal.items())
@@ -267,16 +268,16 @@ def render_eval(data: dict) -> list[str]:
 
 def render_sweep(data: dict) -> list[str]:
     tasks = data["settings"]["tasks"]
-    rows = [[f"{r['tau']:g}"] + [fmt(r[f"accuracy_{t}"]) for t in tasks]
-            + [fmt(r["nfe"]), f"{r['tokens_per_s']:.0f}", fmt(r["recompute_ratio"], 3), fmt(r["fold_argmax_agree"], 3),
-               f"{r['fold_relerr_median']:.3f} / {r['fold_relerr_p99']:.3f}", fmt(r["copy_argmax_agree"], 3),
+    rows = [[f"{r['tau']:g}"] + [_f(r[f"accuracy_{t}"]) for t in tasks]
+            + [_f(r["nfe"]), f"{r['tokens_per_s']:.0f}", _f(r["recompute_ratio"], 3), _f(r["fold_argmax_agree"], 3),
+               f"{r['fold_relerr_median']:.3f} / {r['fold_relerr_p99']:.3f}", _f(r["copy_argmax_agree"], 3),
                f"{r['copy_relerr_median']:.3f} / {r['copy_relerr_p99']:.3f}"] for r in data["rows"]]
     s = data["settings"]
     positions = data["rows"][0]["fidelity_positions"]
     return ([f"{s['limit']} test problems a task, draft budget {s['draft_budget']}; fidelity over {positions} "
              "still-masked draft positions against the dense verification logits, next to copying the "
              "parent branch's logits:", ""]
-            + markdown_table(["tau"] + [f"{t} accuracy" for t in tasks]
+            + _table(["tau"] + [f"{t} accuracy" for t in tasks]
                      + ["NFE", "tokens/s", "recompute ratio", "folded: argmax agrees",
                         "folded: rel. error median / p99", "copy parent: argmax agrees",
                         "copy parent: median / p99"], rows) + [""])

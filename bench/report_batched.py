@@ -10,7 +10,7 @@ from bench.tables import E2E_MODES, SHAPES, fmt, markdown_table, matching
 SERVED_MODES = {**E2E_MODES, "specfold_compiled": "SpecFold, Inductor"}  # bench.batched.replay_modes, in words
 
 
-def _batched_modes(data: dict) -> list[str]:
+def _series(data: dict) -> list[str]:
     return list(dict.fromkeys(serving_series(r) for r in data["rows"]))
 
 
@@ -26,7 +26,7 @@ def _gib(x: int | None) -> str:
 def render_batched_headline(data: dict) -> list[str]:
     """README's serving table: per shape and concurrency, each mode's tokens/s over all requests and its
     p50 / p99 request latency."""
-    modes = _batched_modes(data)
+    modes = _series(data)
     rows = []
     for model in dict.fromkeys(r["model"] for r in data["rows"]):
         for c in sorted({r["concurrency"] for r in matching(data, model=model)}):
@@ -48,6 +48,6 @@ def render_batched(data: dict) -> list[str]:
              f"{r['rows_per_forward']:.1f} / {r['max_rows_per_forward']}", _gib(r["peak_bytes"]), _gib(r["pool_bytes"]),
              "yes" if r["trace_reproduced"] else "NO"] for r in data["rows"]]
     arrival = data["rows"][0]["arrival"]
-    return ([f"Arrivals: {arrival}.", ""]
-            + markdown_table(["shape", "mode", "concurrency", "requests", "tokens/s", "p50 latency (ms)", "p99 latency (ms)",
-                      "rows per forward (mean / max)", "peak memory (GiB)", "KV pool (GiB)", "trace reproduced"], rows) + [""])
+    header = ["shape", "mode", "concurrency", "requests", "tokens/s", "p50 latency (ms)", "p99 latency (ms)",
+              "rows per forward (mean / max)", "peak memory (GiB)", "KV pool (GiB)", "trace reproduced"]
+    return [f"Arrivals: {arrival}.", ""] + markdown_table(header, rows) + [""]
