@@ -30,7 +30,7 @@ the run of median wall time kept, after untimed passes per mode at the largest c
 requests as slots) and at concurrency 1 (two requests; compiles happen there).
 
 ``--attention per_request,ragged`` replays every mode on each of the engine's attention paths (a row's
-``attention``). ``--pool-tokens T`` sizes every pool slot for ``T`` positions (``pool_bytes`` reports
+``attention``; the default, ``auto``, is the engine's own choice on ``--device``). ``--pool-tokens T`` sizes every pool slot for ``T`` positions (``pool_bytes`` reports
 it). ``--profile DIR`` serves each mode's largest concurrency once more (as many requests as slots)
 under ``torch.profiler`` and writes its operator table to DIR::
 
@@ -236,7 +236,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: bool,
-          attention: str = "per_request") -> dict:
+          attention: str = "auto") -> dict:
     """One timed run: ``requests`` (recorded request, forced tensors, mapped prompt) served by an engine of
     ``concurrency`` slots as they arrive; the row's numbers and whether every request followed its record."""
     from specfold_compile.serving import Engine, RequestParams
@@ -373,7 +373,7 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
         if args.profile:
             c = max(args.concurrency)
             write_profile(lambda: serve(model, kind, c, workload(c), args, cuda, attention),
-                      Path(args.profile) / f"{name}_{mode}_{attention}_c{c}.txt", cuda)
+                          Path(args.profile) / f"{name}_{mode}_{attention}_c{c}.txt", cuda)
     return rows
 
 
@@ -407,8 +407,9 @@ def main(argv=None) -> int:
                     help="replay: and at least this many times the concurrency (each slot serves several in turn)")
     ap.add_argument("--arrival", default="closed", choices=("closed", "poisson"))
     ap.add_argument("--rate", type=float, default=None, help="--arrival poisson: requests per second")
-    ap.add_argument("--attention", default="per_request",
-                    help="replay: the engine's attention paths, comma-separated (per_request, ragged)")
+    ap.add_argument("--attention", default="auto",
+                    help="replay: the engine's attention paths, comma-separated (per_request, ragged; auto: the "
+                         "engine's own choice on --device, a row naming the path it took)")
     ap.add_argument("--pool-tokens", type=int, default=None,
                     help="replay: each slot of the engine's KV pool holds this many positions (default: what the "
                          "record's requests need)")
@@ -430,9 +431,12 @@ def main(argv=None) -> int:
             ap.error(f"--modes: expected names among {list(modes)} (serving.SERVING_MODES, and *_compiled in replay), "
                      f"got {list(args.modes)}")
     args.override = parse_override(ap, args.override)
-    args.attention = tuple(args.attention.split(","))
-    if sorted(set(args.attention) - {"per_request", "ragged"}) or not args.attention:
-        ap.error(f"--attention: expected names among ['per_request', 'ragged'], got {list(args.attention)}")
+    from specfold_compile.serving.forward import engine_attention
+
+    try:
+        args.attention = tuple(engine_attention(a, torch.device(args.device)) for a in args.attention.split(","))
+    except ValueError as exc:
+        ap.error(f"--{exc}")
     try:
         args.concurrency = tuple(int(c) for c in args.concurrency.split(","))
     except ValueError:

@@ -33,7 +33,7 @@ LATENCY_WORDS = {"ms": "CUDA-graph calls", "launched_ms": "launched calls"}
 
 def serving_series(row: dict) -> str:
     """A batched row's series: its mode, with ``+ragged`` when the engine attended through the ragged
-    kernel (``attention="ragged"``; per-request attention, the engine's default, is the plain mode)."""
+    kernel (``attention="ragged"``; the plain mode name is per-request attention)."""
     return row["mode"] + ("+ragged" if row.get("attention") == "ragged" else "")
 
 
@@ -197,7 +197,8 @@ def end_to_end_panels(rows: list[dict]) -> list[tuple[str, list[tuple[str, str, 
         elif "tokens_per_s" in r:
             title = r.get("kind") or (f"{r['model']}, trace-driven" if r.get("trace_driven") else f"{r['model']}, measured")
             if r.get("fuse_boundaries"):
-                title += ",\nfused block writes" if r["fuse_boundaries"] == "writes" else ",\nfused block boundaries"
+                fused = "block writes" if r["fuse_boundaries"] == "writes" else "block boundaries"
+                title += f",\nfused {fused}"
             value = r["tokens_per_s"]
         else:
             continue

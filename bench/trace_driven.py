@@ -22,8 +22,8 @@ The record's model has 6 layers: gate ``g`` of a real-shape model takes the reco
 prompt out alike only when it fills whole blocks, so it replays a record made with ``--grid`` (prompts
 left-padded with the pad token to whole blocks). ``--fuse-boundaries`` records (and so replays)
 ``generate(fuse_boundaries=True)``'s loop (``--fuse-boundaries writes``: ``fuse_boundaries="writes"``'s);
-an NLD model cannot replay such a record (it has no seed prediction, ``generate``'s docstring). Rows as ``bench.end_to_end``'s, with ``trace_driven`` True and
-``fuse_boundaries`` from the record::
+an NLD model cannot replay such a record (it has no seed prediction, ``generate``'s docstring). Rows as
+``bench.end_to_end``'s, with ``trace_driven`` True and ``fuse_boundaries`` from the record::
 
     python -m bench.trace_driven record --out TRACE.pt [--limit 4] [--tasks math,code,instruct] [--tau 0.1] [--grid]
         [--fuse-boundaries [writes]]
