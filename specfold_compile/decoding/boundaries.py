@@ -1,8 +1,8 @@
 """Block boundaries of a decode loop: a block's first state, and the passes that write a prefix (the
 prompt's prefill, a finished block's write), which with ``generate(fuse_boundaries=True)`` also verify
 the next block's first state (docs/SPEC.md, fused block boundaries; ``fuse_boundaries="writes"``: the
-block writes only). Shared by the Python loop
-(``decoder``) and the device loop (``device_loop``), so both fuse the same boundaries."""
+block writes only). Shared by the Python loop (``decoder``) and the device loop (``device_loop``), so both
+fuse the same boundaries."""
 
 from __future__ import annotations
 
@@ -10,17 +10,15 @@ import torch
 
 from .commit import block_finished, confidence
 
-__all__ = ["first_state", "seed_guess", "prefill", "write", "confirmed", "FUSE_SETTINGS", "check_fuse_boundaries",
-           "fuses_prefill"]
+__all__ = ["first_state", "seed_guess", "prefill", "write", "confirmed", "check_fuse_boundaries", "fuses_prefill"]
 
 Verified = tuple[torch.Tensor, torch.Tensor] | None  # (a first state [B], its logits [B, V])
-# generate(fuse_boundaries=...): False (every step its own call), True (the prefill and the block
-# writes verify the block after them), "writes" (the block writes only; the prefill stays a pass alone)
-FUSE_SETTINGS = (False, True, "writes")
 
 
 def check_fuse_boundaries(value) -> None:
-    """``value``: one of ``FUSE_SETTINGS`` (a one-line error naming the argument otherwise)."""
+    """``generate(fuse_boundaries=value)``: False (every step its own call), True (the prefill and the block
+    writes verify the block after them) or ``"writes"`` (the block writes only; the prefill stays a pass
+    of its own); a one-line error naming the argument otherwise."""
     if not (isinstance(value, bool) or (isinstance(value, str) and value == "writes")):
         raise ValueError(f"fuse_boundaries: expected False, True or 'writes', got {value!r}")
 

@@ -114,6 +114,8 @@ class Engine:
                  draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None,
                  tau: float | None = None, attention: str = "auto"):
         check_serving_model(model)
+        self.device = model.embed_tokens.weight.device
+        self.attention = engine_attention(attention, self.device)
         if not isinstance(mode, str) or mode not in SERVING_MODES:
             raise ValueError(f"mode: expected one of {SERVING_MODES}, got {mode!r}")
         tau = check_tau(tau)
@@ -135,8 +137,6 @@ class Engine:
         self.model, self.mode, self.confidence_dtype, self.max_waiting = model, mode, confidence_dtype, max_waiting
         self.tau = tau
         self.pool = KVPool(model, max_requests, max_tokens_per_request)
-        self.device = model.embed_tokens.weight.device
-        self.attention = engine_attention(attention, self.device)
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._waiting: deque[RequestDecode] = deque()
