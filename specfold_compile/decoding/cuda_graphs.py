@@ -39,7 +39,7 @@ from torch import Tensor
 from ..models.protocol import StaticCacheModel, VerifyForward
 from .dynamic import mark_dynamic_keys, mark_dynamic_shapes
 
-__all__ = ["VerifyGraphs", "logit_rows_bucket", "MIN_LOGIT_ROWS", "CAPACITY_STEP", "REPLAYS"]
+__all__ = ["VerifyGraphs", "capture_call", "logit_rows_bucket", "MIN_LOGIT_ROWS", "CAPACITY_STEP", "REPLAYS"]
 
 MIN_LOGIT_ROWS = 16
 CAPACITY_STEP = 256   # static caches are allocated in multiples of this many keys, so prompts share graphs
@@ -266,17 +266,30 @@ class VerifyGraphs:
             return out, lambda: _copy_outputs(out, call())
         restore = () if restore is None else (restore,) if isinstance(restore, Tensor) else tuple(restore)
         saved = [t.clone() for t in restore]
-        side = torch.cuda.Stream(device=device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            call()
-        torch.cuda.current_stream(device).wait_stream(side)
-        for t, value in zip(restore, saved):
-            t.copy_(value)
+
+        def put_back():
+            for t, value in zip(restore, saved):
+                t.copy_(value)
+
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        cuda_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(cuda_graph, pool=self._pool):
-            out = call()
-        cuda_graph.replay()  # the capture only recorded the kernels: run them for this call's output
-        return out, cuda_graph.replay
+        return capture_call(call, device, self._pool, put_back)
+
+
+def capture_call(call, device: torch.device, pool, between=None):
+    """``call``'s output and its CUDA graph's replay: ``call`` run once on a side stream (compiles,
+    autotunes, warms, as torch.cuda.graph's recipe asks), ``between()`` (if given) run after that, then
+    ``call`` captured into a graph in memory pool ``pool`` and replayed once, so the output returned is a
+    replay's (the capture only records the kernels)."""
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream(device).wait_stream(side)
+    if between is not None:
+        between()
+    cuda_graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(cuda_graph, pool=pool):
+        out = call()
+    cuda_graph.replay()
+    return out, cuda_graph.replay
