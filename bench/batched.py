@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import os
 import random
@@ -54,6 +53,7 @@ from pathlib import Path
 
 import torch
 
+from bench.batched_forcing import _Forcing, _Recording, _as
 from bench.common import check_output, write_profile
 from bench.trace_driven import parse_override, run_command, token_map
 
@@ -95,71 +95,6 @@ class _compiled_layers:
                 delattr(layer, name)  # the instance attribute: the class's method shows again
 
 
-# --- decode states that record, and that force, a request's steps -----------------------------------
-class _Recording:
-    """Keeps every block's opening state and every call's rows, parents, accepted drafts and result."""
-
-    def start_block(self, next_logits):
-        super().start_block(next_logits)
-        self.record["starts"].append(self.state.to(torch.int32))
-
-    def accept(self, conf_masked, tok_masked):
-        rows, parents = self._rows
-        super().accept(conf_masked, tok_masked)
-        self.record["calls"].append({"rows": rows.to(torch.int32), "parents": list(parents),
-                                     "accepted": int(self.steps[-1].accepted), "state": self.state.to(torch.int32)})
-
-
-class _Forcing:
-    """Runs the engine's own draft building and commit on the replay model's logits, then puts the
-    recorded rows into the forward and the recorded state in place of the commit's (``forced``: the
-    record's tensors already in the replay model's vocabulary)."""
-
-    def start_block(self, next_logits):
-        super().start_block(next_logits)
-        self.state = self.forced["starts"][self.blocks - 1].clone()
-
-    def rows(self):
-        super().rows()
-        call = self.forced["calls"][len(self.steps)]
-        self._rows = (call["rows"], call["parents"])
-        tally, stats = self.tally  # this engine forward's rows and logit positions so far
-        tally.setdefault(stats.verify_calls, [0, 0])
-        tally[stats.verify_calls][0] += int(call["rows"].shape[0])
-        tally[stats.verify_calls][1] += int(call["masked"])
-        return call["rows"]
-
-    def forced_fold_masks(self):
-        """A SpecFold record's masks of this call: gate ``g`` of the replay model takes the record's gate
-        ``g * G_record // G`` (``step_forcing.recorded_gates``, as ``bench.trace_driven`` maps them), so
-        the replay's work is the record's."""
-        masks = self.forced["calls"][len(self.steps)].get("fold_masks")
-        if masks is None:
-            return None
-        from specfold_compile.decoding.step_forcing import recorded_gates
-
-        return masks[recorded_gates(masks.shape[0], self.gates)]
-
-    def accept(self, conf_masked, tok_masked):
-        call = self.forced["calls"][len(self.steps)]
-        super().accept(conf_masked, tok_masked)
-        step = self.steps[-1]
-        step.accepted = call["accepted"]
-        self.state = call["state"].clone()
-
-
-@functools.cache
-def _subclass(mixin: type, cls: type) -> type:
-    return type(mixin.__name__ + cls.__name__, (mixin, cls), {})
-
-
-def _as(decode, mixin):
-    """``decode`` (the engine's decode state, whatever its class) turned into a ``mixin`` subclass of it."""
-    decode.__class__ = _subclass(mixin, type(decode))
-    return decode
-
-
-# --- record --------------------------------------------------------------------------------------
 def record(args) -> dict:
     """The shipped model (or ``--model``) serving the task-suite prompts through the Engine, per mode."""
     from specfold_compile.loading import encode, load_model, resolve_draft_graph
@@ -236,9 +171,10 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: bool,
-          attention: str = "auto") -> dict:
+          attention: str = "auto", graphs=None) -> dict:
     """One timed run: ``requests`` (recorded request, forced tensors, mapped prompt) served by an engine of
-    ``concurrency`` slots as they arrive; the row's numbers and whether every request followed its record."""
+    ``concurrency`` slots as they arrive; the row's numbers and whether every request followed its record.
+    ``graphs``: a ``serving.graphs.BatchGraphs`` the engine replays its passes from (None: launched)."""
     from specfold_compile.serving import Engine, RequestParams
 
     params = RequestParams(max_new_tokens=args.max_new_tokens, draft_budget=args.draft_budget,
@@ -248,7 +184,8 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     engine = Engine(model, max_requests=concurrency, max_tokens_per_request=args.capacity, mode=mode,
-                    draft_graph=args.graph, tau=args.tau if mode == "specfold" else None, attention=attention)
+                    draft_graph=args.graph, tau=args.tau if mode == "specfold" else None, attention=attention,
+                    cuda_graphs=False if graphs is None else graphs)
     pending, decodes, done, tally = deque(range(len(requests))), {}, {}, {}
     t0 = time.perf_counter()
     while pending or engine.has_work:
@@ -293,7 +230,8 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
             "rows_per_forward": st.verify_rows / max(1, st.verify_calls),
             "requests_per_forward": st.verify_requests / max(1, st.verify_calls),
             "max_rows_per_forward": max((t[0] for t in tally.values()), default=0),
-            "max_logit_positions": max((t[1] for t in tally.values()), default=0), "trace_reproduced": reproduced}
+            "max_logit_positions": max((t[1] for t in tally.values()), default=0), "trace_reproduced": reproduced,
+            "overflows": st.overflows}
 
 
 def _graphs_compiled() -> int:
@@ -332,31 +270,43 @@ def replay(args, trace: dict, name: str) -> list[dict]:
         def workload(n: int) -> list[dict]:
             return [recorded[j % len(recorded)] for j in range(n)]
         for attention in args.attention:
-            rows += _replay_mode(model, name, mode, kind, attention, workload, args, cuda, trace["model"])
+            for graphed in args.cuda_graphs:
+                if graphed and attention != "ragged":
+                    continue  # the graphs replay the ragged kernel
+                rows += _replay_mode(model, name, mode, kind, attention, workload, args, cuda, trace["model"], graphed)
         if cuda:
             torch.cuda.empty_cache()
     return rows
 
 
 def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workload, args, cuda: bool,
-                 recorded_by: str) -> list[dict]:
+                 recorded_by: str, graphed: bool = False) -> list[dict]:
     """Every concurrency of one mode (engine mode ``kind``; the layers compiled if ``mode`` says so) on one
-    attention path, after its own warm-up."""
+    attention path, launched or (``graphed``) replayed from one ``BatchGraphs`` shared by its engines,
+    after its own warm-up (with graphs: a pass at every concurrency, capturing its buckets)."""
     rows = []
+    graphs = None
+    if graphed:
+        from specfold_compile.serving.graphs import BatchGraphs
+
+        graphs = BatchGraphs(model, max(args.concurrency), args.capacity, "cuda" if cuda else "eager")
     with _compiled_layers(model, args.compile_backend) if mode != kind else contextlib.nullcontext():
         t0 = time.perf_counter()
         # warm-up (compiles; a single request's row counts of 1 too, which dynamic shapes specialize)
-        for c in sorted({max(args.concurrency), 1}, reverse=True):
+        warm = args.concurrency if graphed else {max(args.concurrency), 1}
+        for c in sorted(warm, reverse=True):
             try:
-                serve(model, kind, c, workload(max(c, 2)), args, cuda, attention)
+                serve(model, kind, c, workload(max(c, 2) if not graphed else max(args.requests, args.per_slot * c)),
+                      args, cuda, attention, graphs)
             except torch.OutOfMemoryError:  # the timed point will say so
                 torch.cuda.empty_cache()
         warm_s = time.perf_counter() - t0
         for c in args.concurrency:
-            n, graphs = max(args.requests, args.per_slot * c), _graphs_compiled()
+            n, compiled = max(args.requests, args.per_slot * c), _graphs_compiled()
+            captured = graphs.captures if graphed else 0
             try:
-                runs = sorted((serve(model, kind, c, workload(n), args, cuda, attention) for _ in range(args.repeats)),
-                              key=lambda r: r["wall_s"])
+                runs = sorted((serve(model, kind, c, workload(n), args, cuda, attention, graphs)
+                               for _ in range(args.repeats)), key=lambda r: r["wall_s"])
             except torch.OutOfMemoryError as exc:  # this point has no row; the file's setup names it
                 args.out_of_memory.append({"model": name, "mode": mode, "attention": attention, "concurrency": c})
                 print(f"{name} {mode} ({attention}) at concurrency {c}: out of memory "
@@ -365,14 +315,15 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
                 continue
             row = {"model": name, "concurrency": c, "mode": mode, "attention": attention, **runs[len(runs) // 2],
                    "trace_driven": True, "trace_reproduced": all(r["trace_reproduced"] for r in runs),
-                   "warmup_s": warm_s, "compiles_while_timed": _graphs_compiled() - graphs,
+                   "warmup_s": warm_s, "compiles_while_timed": _graphs_compiled() - compiled,
+                   "cuda_graphs": graphed, "captures_while_timed": (graphs.captures - captured) if graphed else 0,
                    "arrival": args.arrival if args.arrival == "closed" else f"poisson {args.rate:g}/s",
                    "record": {"model": recorded_by, "mode": kind}}
             rows.append(row)
             print(json.dumps(row), flush=True)
         if args.profile:
             c = max(args.concurrency)
-            write_profile(lambda: serve(model, kind, c, workload(c), args, cuda, attention),
+            write_profile(lambda: serve(model, kind, c, workload(c), args, cuda, attention, graphs),
                           Path(args.profile) / f"{name}_{mode}_{attention}_c{c}.txt", cuda)
     return rows
 
@@ -410,6 +361,9 @@ def main(argv=None) -> int:
     ap.add_argument("--attention", default="auto",
                     help="replay: the engine's attention paths, comma-separated (per_request, ragged; auto: the "
                          "engine's own choice on --device, a row naming the path it took)")
+    ap.add_argument("--cuda-graphs", default="off", choices=("off", "on", "off,on"),
+                    help="replay: the engine's passes launched (off) or replayed from CUDA graphs (on; ragged "
+                         "attention only; 'off,on' both, a row's cuda_graphs says which)")
     ap.add_argument("--pool-tokens", type=int, default=None,
                     help="replay: each slot of the engine's KV pool holds this many positions (default: what the "
                          "record's requests need)")
@@ -451,6 +405,7 @@ def main(argv=None) -> int:
                                                                    else "batched.json"))
     check_output(ap, out)
     args.out_of_memory = []
+    args.cuda_graphs = tuple(v == "on" for v in args.cuda_graphs.split(","))
     return run_command(ap, args, out, record, replay, "batched", lambda trace: {
         "trace": args.trace, "record_model": trace["model"], "recorded_requests": len(trace["requests"]),
         "requests": args.requests, "per_slot": args.per_slot, "arrival": args.arrival, "rate": args.rate,

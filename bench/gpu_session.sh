@@ -122,7 +122,8 @@ case "$part" in
   batched)        # the serving engine trace-driven (bench/batched.py, docs/serving.md): the record on the CPU, then
                   # each shape at concurrency 1, 4, 16, 64: vanilla, Spiffy (eager and Inductor) and SpecFold on the
                   # ragged attention path, 2 timed runs a point, at 7B 4096 positions a slot (~2-3 min a shape); ARGS go to
-                  # the replays; one shape per call: BATCHED_MODELS=fast-dllm-v2-7b bash ... batched
+                  # the replays (e.g. --cuda-graphs on: the engine's passes from CUDA graphs, ~45 s a mode at 1.5B and
+                  # ~75 s at 7B); one shape per call: BATCHED_MODELS=fast-dllm-v2-7b bash ... batched
                   [ -f "$OUT/batched_trace.pt" ] || python -m bench.batched record --out "$OUT/batched_trace.pt" 2>&1 \
                     | tee -a "$OUT/log.txt"
                   for m in ${BATCHED_MODELS:-fast-dllm-v2-1.5b fast-dllm-v2-7b}; do

@@ -34,7 +34,8 @@ LATENCY_WORDS = {"ms": "CUDA-graph calls", "launched_ms": "launched calls"}
 def serving_series(row: dict) -> str:
     """A batched row's series: its mode, with ``+ragged`` when the engine attended through the ragged
     kernel (``attention="ragged"``; the plain mode name is per-request attention)."""
-    return row["mode"] + ("+ragged" if row.get("attention") == "ragged" else "")
+    return row["mode"] + ("+ragged" if row.get("attention") == "ragged" else "") + (
+        "+graphs" if row.get("cuda_graphs") else "")
 
 
 def _rows(path: Path) -> list[dict]:
@@ -268,7 +269,8 @@ def _point(row: dict) -> tuple:
     of a breakdown row set (``part``, absent from per_check rows), an end-to-end row (``task``; its loop
     with or without fused block boundaries) or a batched one (``concurrency``, ``arrival``, ``attention``)."""
     return tuple(row.get(k) for k in ("model", "prefix", "n_branches", "mode", "target_ratio", "what", "part", "task",
-                                      "trace_driven", "fuse_boundaries", "concurrency", "arrival", "attention"))
+                                      "trace_driven", "fuse_boundaries", "concurrency", "arrival", "attention",
+                                      "cuda_graphs"))
 
 
 def merge_results(out: str | Path, inputs: list[str | Path]) -> Path:

@@ -22,7 +22,7 @@ from .kernels.gate_ref import FoldChains, chain_depth
 from .models.transformer import BlockDiffusionLM, PositionTables, PrefixCache
 
 __all__ = ["folded_verify", "check_tau", "gate_count", "FoldGates", "folded_layers", "packed_tables", "GATES",
-           "chain_depth"]
+           "chain_depth", "FoldChains"]
 
 GATES = ("layer", "sublayer")
 

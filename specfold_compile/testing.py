@@ -505,3 +505,16 @@ def no_host_reads():
     an ``AssertionError`` naming it: for code that must run without a synchronisation."""
     with _HostReadGuard(), _SyncGuard():
         yield
+
+
+def prefilled_slots(pool, model, lengths, gen: torch.Generator) -> list[int]:
+    """Slots of ``pool`` holding the prefills of random prompts of ``lengths`` (0: an empty prefix), one
+    slot left free first so that the requests' slots are not 0..n-1 in order; returned in reverse."""
+    spare = pool.allocate()
+    slots = [pool.allocate() for _ in lengths]
+    for slot, length in zip(slots, lengths):
+        if length:
+            cache = model.prefill(torch.randint(0, model.config.vocab_size, (length,), generator=gen))
+            pool.load(slot, cache.keys, cache.values)
+    pool.free(spare)
+    return slots[::-1]

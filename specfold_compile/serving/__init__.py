@@ -4,7 +4,8 @@ request reading its own slot of a pooled prefix KV store (docs/serving.md).
 Public API::
 
     Engine(model, max_requests=8, max_tokens_per_request=1024, mode="vanilla"|"spiffy"|"specfold",
-           draft_graph=None, confidence_dtype=, max_waiting=None, tau=None)
+           draft_graph=None, confidence_dtype=, max_waiting=None, tau=None, attention="auto",
+           cuda_graphs=False | True | "eager" | BatchGraphs, fold_capacity=0.5)
         .add_request(prompt_ids, RequestParams(...)) -> id   .step() -> [BlockOutput]   .run()
         .abort(id)   .output(id) -> RequestOutput   .pop(id)   .stats   .pool
         .new_decode(prompt_ids, params) -> RequestDecode   .submit(decode) -> id   # add_request's two halves
@@ -12,13 +13,15 @@ Public API::
     generate(model, prompt_ids | [prompt_ids, ...], ...)   # one prompt: decoding.generate; a list: batched
     KVPool(model, max_requests, max_tokens_per_request), PoolExhausted
     verify_batch_folded(model, pool, slots, rows, parents, logit_positions, tau)  # the folded forward
+    BatchGraphs(model, max_requests, max_tokens_per_request)  # CUDA graphs of the passes, shareable
 """
 
 from .batch import generate, generate_batch
 from .engine import SERVING_MODES, BlockOutput, Engine, EngineStats, RequestOutput
 from .folded import verify_batch_folded
+from .graphs import BatchGraphs
 from .pool import KVPool, PoolExhausted
 from .request import RequestParams
 
 __all__ = ["Engine", "RequestParams", "BlockOutput", "RequestOutput", "EngineStats", "SERVING_MODES",
-           "generate", "generate_batch", "KVPool", "PoolExhausted", "verify_batch_folded"]
+           "generate", "generate_batch", "KVPool", "PoolExhausted", "verify_batch_folded", "BatchGraphs"]

@@ -32,8 +32,9 @@ from ..decoding.defaults import CONFIDENCE_DTYPES
 from ..decoding.specfold import check_tau
 from .folded import verify_batch_folded
 from .forward import check_serving_model, engine_attention, verify_batch, write_blocks
+from .graphs import BatchGraphs, check_fold_capacity
 from .pool import KVPool, PoolExhausted
-from .request import RequestDecode, RequestParams
+from .request import RequestDecode, RequestParams, seed_tokens
 
 __all__ = ["Engine", "BlockOutput", "RequestOutput", "EngineStats", "SERVING_MODES"]
 
@@ -79,7 +80,8 @@ class RequestOutput:
 @dataclass
 class EngineStats:
     """What the engine ran: verification forwards (and the rows and requests they covered), batched block
-    writes, prefills; under SpecFold the draft positions its gates saw (summed over gates) and folded."""
+    writes, prefills; under SpecFold the draft positions its gates saw (summed over gates) and folded,
+    and (``cuda_graphs``) the forwards run again launched because a graph's packed rows overflowed."""
 
     verify_calls: int = 0
     verify_rows: int = 0
@@ -89,6 +91,7 @@ class EngineStats:
     prefills: int = 0
     gated_draft_positions: int = 0
     folded_draft_positions: int = 0
+    overflows: int = 0
 
     @property
     def recompute_ratio(self) -> float:
@@ -108,14 +111,24 @@ class Engine:
     in ``generate``. ``max_waiting``: how many requests may queue for a slot (None: any number);
     ``add_request`` raises ``PoolExhausted`` beyond it. ``attention``: how the batched passes attend,
     ``"per_request"`` or ``"ragged"`` (``forward``'s module docstring); ``"auto"`` takes ``"ragged"`` on
-    CUDA and ``"per_request"`` elsewhere (``forward.engine_attention``)."""
+    CUDA and ``"per_request"`` elsewhere (``forward.engine_attention``). ``cuda_graphs``: False launches
+    every pass; True replays the verification forwards and block writes from CUDA graphs bucketed by
+    rows (``graphs.BatchGraphs``, over ragged attention: ``attention`` must be ``"auto"`` or
+    ``"ragged"``); ``"eager"`` the same bookkeeping with the passes called again (the CPU path); or a
+    ``BatchGraphs`` to share its pool and graphs between engines of one model (at most its slots, its
+    ``max_tokens_per_request``). ``fold_capacity``: with graphs under SpecFold, the share of the draft
+    rows' positions a graph packs (``graphs``' module docstring; a forward that computes more runs
+    again launched, ``stats.overflows``); a shared ``BatchGraphs`` keeps its own (and its ``gate``)."""
 
     def __init__(self, model, max_requests: int = 8, max_tokens_per_request: int = 1024, mode: str = "vanilla",
                  draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None,
-                 tau: float | None = None, attention: str = "auto"):
+                 tau: float | None = None, attention: str = "auto", cuda_graphs=False,
+                 fold_capacity: float = 0.5):
         check_serving_model(model)
         self.device = model.embed_tokens.weight.device
-        self.attention = engine_attention(attention, self.device)
+        graphs = _check_graphs(cuda_graphs, attention)
+        check_fold_capacity(fold_capacity)
+        self.attention = engine_attention("ragged" if graphs else attention, self.device)
         if not isinstance(mode, str) or mode not in SERVING_MODES:
             raise ValueError(f"mode: expected one of {SERVING_MODES}, got {mode!r}")
         tau = check_tau(tau)
@@ -136,7 +149,15 @@ class Engine:
             load_draft_graph(draft_graph, block)  # still reject a malformed graph
         self.model, self.mode, self.confidence_dtype, self.max_waiting = model, mode, confidence_dtype, max_waiting
         self.tau = tau
-        self.pool = KVPool(model, max_requests, max_tokens_per_request)
+        self.max_requests = max_requests
+        if isinstance(cuda_graphs, BatchGraphs):
+            self.graphs = _shared_graphs(cuda_graphs, model, max_requests, max_tokens_per_request)
+        elif graphs:
+            self.graphs = BatchGraphs(model, max_requests, max_tokens_per_request,
+                                      "cuda" if cuda_graphs is True else "eager", fold_capacity)
+        else:
+            self.graphs = None
+        self.pool = KVPool(model, max_requests, max_tokens_per_request) if self.graphs is None else self.graphs.pool
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._waiting: deque[RequestDecode] = deque()
@@ -163,9 +184,9 @@ class Engine:
             raise ValueError(f"prompt_ids: a prompt of {decode.prompt_tokens} tokens with max_new_tokens="
                              f"{decode.params.max_new_tokens} needs {decode.cache_positions} cache positions, "
                              f"beyond max_tokens_per_request={self.pool.capacity}")
-        if len(self._waiting) + len(self._running) >= self.pool.max_requests + (
+        if len(self._waiting) + len(self._running) >= self.max_requests + (
                 float("inf") if self.max_waiting is None else self.max_waiting):
-            raise PoolExhausted(f"pool exhausted: all max_requests={self.pool.max_requests} slots hold a request "
+            raise PoolExhausted(f"pool exhausted: all max_requests={self.max_requests} slots hold a request "
                                 f"and max_waiting={self.max_waiting} requests wait; step until some finish, or "
                                 "abort some")
         decode.request_id = request_id = next(self._ids)
@@ -233,17 +254,24 @@ class Engine:
         return events
 
     def _admit(self, events: list[BlockOutput]) -> None:
-        while self._waiting and self.pool.free_slots:
+        admitted = []
+        while self._waiting and self.pool.free_slots and len(self._running) + len(admitted) < self.max_requests:
             decode = self._waiting.popleft()
             decode.slot = self.pool.allocate()
             decode.begin()
+            admitted.append(decode)
+        seeds = self._prefill_replayed(admitted) if self.graphs is not None else {}
+        for decode in admitted:
             try:
                 prefill_ids = decode.layout.prefill_ids.to(self.device)
-                if prefill_ids.numel():
+                if decode in seeds:
+                    self.stats.prefills += 1
+                    decode.start_block(seeds[decode])
+                elif prefill_ids.numel():
                     cache = self.model.prefill(prefill_ids, block_causal=decode.layout.block_causal)
                     self.pool.load(decode.slot, cache.keys, cache.values)
                     self.stats.prefills += 1
-                    decode.start_block(cache.next_logits)
+                    decode.start_block(seed_tokens(cache.next_logits[None], decode.mask_id)[0])
                 else:
                     decode.start_block(None)
             except Exception as exc:  # this request fails alone; the others run on
@@ -251,6 +279,32 @@ class Engine:
                 continue
             self._running.append(decode)
             self._outputs[decode.request_id].status = "running"
+
+    def _prefill_replayed(self, admitted: list[RequestDecode]) -> dict[RequestDecode, int]:
+        """The prefills of the requests just admitted, batched and replayed: a prefill is the block
+        write of its prompt's chunks of ``block_size`` in turn (the same mask: NLD's causal prefill as
+        causal writes, Fast-dLLM v2's block-causal one as bidirectional block writes on the block grid),
+        so round ``j`` writes every request's chunk ``j`` through ``BatchGraphs.write`` (grouped by chunk
+        length). Returns each prefilled request's seed token; a request whose layout's mask is not its
+        writes', or any request of a round that raises, is left to the launched prefill (which loads its
+        slot from the start)."""
+        writes_causal = self.model.config.family == "nld"
+        block = int(self.model.config.block_size)
+        chunks = {d: list(d.layout.prefill_ids.split(block)) for d in admitted
+                  if d.layout.prefill_ids.numel() and d.layout.block_causal != writes_causal}
+        seeds: dict[RequestDecode, int] = {}
+        try:
+            for j in range(max((len(c) for c in chunks.values()), default=0)):
+                groups: dict[int, list[RequestDecode]] = {}
+                for d, c in chunks.items():
+                    if j < len(c):
+                        groups.setdefault(int(c[j].numel()), []).append(d)
+                for group in groups.values():
+                    for d, seed in zip(group, self.graphs.write([d.slot for d in group], [chunks[d][j] for d in group])):
+                        seeds[d] = seed
+        except Exception:  # each request then prefills alone and, if it fails, fails alone
+            return {}
+        return seeds
 
     def _fail(self, decode: RequestDecode, exc: Exception, events: list[BlockOutput]) -> None:
         """End ``decode`` as failed (its slot freed, the error in its output and in one last ``BlockOutput``)."""
@@ -266,24 +320,8 @@ class Engine:
     def _verify(self, ready: list[RequestDecode], events: list[BlockOutput]) -> None:
         rows = [d.rows() for d in ready]
         positions = [d.logit_positions(r) for d, r in zip(ready, rows)]
-        args = (self.model, self.pool, [d.slot for d in ready], [r.to(self.device) for r in rows])
-        if self.mode == "specfold":
-            forced = [d.forced_fold_masks() for d in ready]
-            logits, masks = verify_batch_folded(*args, [d.parents for d in ready],
-                                                [p.to(self.device) for p in positions], self.tau,
-                                                forced if all(m is not None for m in forced) else None,
-                                                attention=self.attention)
-            for d, m in zip(ready, masks):
-                m = m.cpu()
-                self._outputs[d.request_id].fold_masks.append(m)
-                self.stats.gated_draft_positions += int(m[:, 1:].numel())
-                self.stats.folded_draft_positions += int(m.sum())
-        else:
-            logits = verify_batch(*args, [p.to(self.device) for p in positions], attention=self.attention)
-        rules = self.model.config.decoding_rules
-        conf, tok = confidence(torch.cat(logits), int(self.model.config.mask_token_id), self.confidence_dtype,
-                               rules.argmax_of_probs)
-        conf, tok = conf.cpu(), tok.cpu()
+        replayed = self._replayed(ready, rows, positions) if self.graphs is not None else None
+        conf, tok = replayed if replayed is not None else self._launched(ready, rows, positions)
         at = 0
         for d, p in zip(ready, positions):
             try:  # the commit rule and the drafts' walk on this request's rows alone
@@ -294,6 +332,47 @@ class Engine:
         self.stats.verify_calls += 1
         self.stats.verify_rows += sum(int(r.shape[0]) for r in rows)
         self.stats.verify_requests += len(ready)
+
+    def _note_masks(self, ready: list[RequestDecode], masks: list[torch.Tensor]) -> None:
+        for d, m in zip(ready, masks):
+            m = m.cpu()
+            self._outputs[d.request_id].fold_masks.append(m)
+            self.stats.gated_draft_positions += int(m[:, 1:].numel())
+            self.stats.folded_draft_positions += int(m.sum())
+
+    def _replayed(self, ready, rows, positions):
+        """The forward replayed (``graphs.BatchGraphs.verify``): the confidences on the host, or None
+        when a SpecFold graph overflowed its packed rows (the caller runs it launched)."""
+        slots = [d.slot for d in ready]
+        if self.mode != "specfold":
+            res = self.graphs.verify(slots, rows, positions, self.confidence_dtype)
+            return res.conf, res.tok
+        forced = [d.forced_fold_masks() for d in ready]
+        res = self.graphs.verify(slots, rows, positions, self.confidence_dtype, [d.parents.tolist() for d in ready],
+                                 self.tau, forced if all(m is not None for m in forced) else None)
+        if res.overflow:
+            self.stats.overflows += 1
+            return None
+        self._note_masks(ready, res.masks)
+        return res.conf, res.tok
+
+    def _launched(self, ready, rows, positions):
+        """The forward launched: the confidences on the host."""
+        args = (self.model, self.pool, [d.slot for d in ready], [r.to(self.device) for r in rows])
+        if self.mode == "specfold":
+            forced = [d.forced_fold_masks() for d in ready]
+            logits, masks = verify_batch_folded(*args, [d.parents for d in ready],
+                                                [p.to(self.device) for p in positions], self.tau,
+                                                forced if all(m is not None for m in forced) else None,
+                                                attention=self.attention,
+                                                gate="layer" if self.graphs is None else self.graphs.gate)
+            self._note_masks(ready, masks)
+        else:
+            logits = verify_batch(*args, [p.to(self.device) for p in positions], attention=self.attention)
+        rules = self.model.config.decoding_rules
+        conf, tok = confidence(torch.cat(logits), int(self.model.config.mask_token_id), self.confidence_dtype,
+                               rules.argmax_of_probs)
+        return conf.cpu(), tok.cpu()
 
     def _settle(self, events: list[BlockOutput]) -> None:
         """Hand out finished blocks, retire done requests, write the others' blocks (batched); repeated
@@ -314,10 +393,42 @@ class Engine:
                 events.append(BlockOutput(d.request_id, d.blocks - 1, tokens, d.done, out.status))
             if not to_write:
                 return
-            next_logits = write_blocks(self.model, self.pool, [d.slot for d in to_write],
-                                       [d.state.to(self.device) for d in to_write], attention=self.attention)
+            slots = [d.slot for d in to_write]
+            if self.graphs is not None:
+                seeds = self.graphs.write(slots, [d.state for d in to_write])
+            else:
+                next_logits = write_blocks(self.model, self.pool, slots, [d.state.to(self.device) for d in to_write],
+                                           attention=self.attention)
+                seeds = seed_tokens(torch.stack(next_logits), int(self.model.config.mask_token_id))
             self.stats.write_calls += 1
             self.stats.written_blocks += len(to_write)
-            for d, logits in zip(to_write, next_logits):
+            for d, seed in zip(to_write, seeds):
                 d.nfe += 1
-                d.start_block(logits)
+                d.start_block(seed)
+
+
+def _check_graphs(cuda_graphs, attention) -> bool:
+    """Whether the engine replays its passes (``cuda_graphs`` checked: False, True, "eager" or a
+    ``BatchGraphs``; graphs need the ragged attention)."""
+    if not (isinstance(cuda_graphs, (bool, BatchGraphs)) or cuda_graphs == "eager"):
+        raise ValueError(f"cuda_graphs: expected False, True, 'eager' or a BatchGraphs, got {cuda_graphs!r}")
+    if cuda_graphs is False:
+        return False
+    if attention not in ("auto", "ragged"):
+        raise ValueError(f"attention: cuda_graphs replays the ragged attention ('auto' or 'ragged'), got "
+                         f"{attention!r}")
+    return True
+
+
+def _shared_graphs(graphs: BatchGraphs, model, max_requests: int, max_tokens_per_request: int) -> BatchGraphs:
+    """A ``BatchGraphs`` handed to a new engine: the same model, room for its slots, no slot in use."""
+    if graphs.model is not model:
+        raise ValueError("cuda_graphs: a BatchGraphs made for another model")
+    if max_requests > graphs.pool.max_requests or max_tokens_per_request != graphs.pool.capacity:
+        raise ValueError(f"cuda_graphs: its pool has {graphs.pool.max_requests} slots of "
+                         f"{graphs.pool.capacity} positions, the engine asks {max_requests} of "
+                         f"{max_tokens_per_request}")
+    if graphs.pool.used_slots:
+        raise ValueError(f"cuda_graphs: {graphs.pool.used_slots} of its pool's slots are still in use by "
+                         "another engine")
+    return graphs

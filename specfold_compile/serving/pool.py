@@ -39,13 +39,17 @@ def check_pool_size(max_requests, max_tokens_per_request, max_positions: int) ->
 
 
 class KVPool:
-    """Per-layer K/V buffers ``[max_requests, Hkv, max_tokens_per_request, D]`` (module docstring)."""
+    """Per-layer K/V buffers ``[max_requests, Hkv, max_tokens_per_request, D]`` (module docstring).
 
-    def __init__(self, model, max_requests: int, max_tokens_per_request: int):
+    ``spare_slot``: one more slot in the buffers, ``spare``, never handed out: the padding of a CUDA-graph
+    replay writes its blocks there (``graphs.BatchGraphs``); None without it."""
+
+    def __init__(self, model, max_requests: int, max_tokens_per_request: int, spare_slot: bool = False):
         cfg = model.config
         check_pool_size(max_requests, max_tokens_per_request, int(cfg.max_position_embeddings))
         weight = model.embed_tokens.weight
-        shape = (max_requests, cfg.num_kv_heads, max_tokens_per_request, cfg.head_dim)
+        shape = (max_requests + int(spare_slot), cfg.num_kv_heads, max_tokens_per_request, cfg.head_dim)
+        self.spare = max_requests if spare_slot else None
         self.keys: list[Tensor] = [weight.new_zeros(shape) for _ in range(cfg.num_layers)]
         self.values: list[Tensor] = [weight.new_zeros(shape) for _ in range(cfg.num_layers)]
         self.max_requests = max_requests

@@ -22,7 +22,13 @@ from ..decoding import DEFAULTS, GenerateResult, StepStats, build_drafts, layout
 from ..decoding.commit import block_finished, confidence
 from ..decoding.decoder import _Scoring, _validate, commit_and_accept
 
-__all__ = ["RequestParams", "RequestDecode"]
+__all__ = ["RequestParams", "RequestDecode", "seed_tokens"]
+
+
+def seed_tokens(next_logits: torch.Tensor, mask_id: int) -> list[int]:
+    """The position-0 token of each next block from its logits ``[n, V]`` (a prefill's or block write's
+    ``next_logits``): the argmax with the mask excluded, as ``generate`` seeds a block; one host read."""
+    return confidence(next_logits, mask_id)[1].tolist()
 
 
 @dataclass(frozen=True)
@@ -83,16 +89,18 @@ class RequestDecode:
         self.t0 = time.perf_counter()
         self.nfe = 1 if self.layout.prefill_ids.numel() else 0
 
-    def start_block(self, next_logits: torch.Tensor | None) -> None:
-        """Open the next block: the prompt's fixed tail, or position 0 the seed of ``next_logits`` (the
-        prefill's or the last block write's)."""
+    def start_block(self, seed: int | None) -> None:
+        """Open the next block: the prompt's fixed tail, or position 0 the ``seed`` token (``seed_tokens``
+        of the prefill's or the last block write's next-block logits)."""
         self.blocks += 1
         self.start = len(self.head)
         self.need = min(self.block - self.start, self.params.max_new_tokens - len(self.out))
         state = torch.full((self.block,), self.mask_id, dtype=torch.long)
         state[:self.start] = torch.tensor(self.head, dtype=torch.long)
         if not self.head:
-            state[0] = int(confidence(next_logits, self.mask_id)[1])
+            if seed is None:
+                raise ValueError("seed: a block that opens without prompt tokens needs the seed token")
+            state[0] = int(seed)
         self.head = []
         self.state, self.prev = state, None
 

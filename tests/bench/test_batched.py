@@ -209,3 +209,17 @@ def test_pool_tokens_size_the_pool_and_a_profile_is_written(trace, tmp_path):
     assert row["trace_reproduced"] is True and row["pool_bytes"] > plain["pool_bytes"]
     table = (tmp_path / "prof" / "tiny-fast-dllm-v2_vanilla_per_request_c2.txt").read_text()
     assert "Self CPU" in table and "aten::" in table
+
+
+def test_cuda_graphs_replay_the_record_and_lead_the_headline(trace, tmp_path):
+    """``--cuda-graphs off,on``: the engine launched and replayed (``cuda_graphs="eager"`` on the CPU), both
+    making the recorded calls; the README headline keeps the replayed rows only."""
+    rows = _replay(trace, tmp_path / "graphs.json", "--modes", "vanilla", "--attention", "ragged", "--cuda-graphs",
+                   "off,on", "--concurrency", "2", "--requests", "2", "--per-slot", "1")["rows"]
+    assert [(r["mode"], r["cuda_graphs"]) for r in rows] == [("vanilla", False), ("vanilla", True)]
+    assert all(r["trace_reproduced"] is True for r in rows) and rows[0]["tokens"] == rows[1]["tokens"]
+    assert rows[1]["captures_while_timed"] == 0  # the warm-up captured every bucket the timed run used
+    assert [plot.serving_series(r) for r in rows] == ["vanilla+ragged", "vanilla+ragged+graphs"]
+    table = report.render_batched_headline({"rows": rows})
+    assert table[0] == "| shape | concurrency | vanilla, CUDA graphs (tokens/s) | vanilla, CUDA graphs p50 / p99 (ms) |"
+    assert len({plot._point(r) for r in rows}) == 2  # a merge keeps both

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from specfold_compile.serving import Engine, RequestParams
 from specfold_compile.serving.forward import attend_requests, request_rows, verify_batch, write_blocks
 from specfold_compile.serving.pool import KVPool
-from specfold_compile.testing import TINY_FAMILIES as FAMILIES, assert_close, tiny_model
+from specfold_compile.testing import TINY_FAMILIES as FAMILIES, assert_close, prefilled_slots, tiny_model
 
 HSET = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=4)
 
@@ -20,16 +20,7 @@ def _pool_with_prefixes(model, lengths, gen, extra=0):
     """A pool with one slot more than requests (the requests' slots are not 0..n-1 in order), each request's
     prompt prefilled into its slot."""
     pool = KVPool(model, len(lengths) + 1, 40 + extra)
-    spare = pool.allocate()
-    slots = []
-    for length in lengths:
-        slot = pool.allocate()
-        if length:
-            cache = model.prefill(torch.randint(0, model.config.vocab_size, (length,), generator=gen))
-            pool.load(slot, cache.keys, cache.values)
-        slots.append(slot)
-    pool.free(spare)
-    return pool, slots[::-1]
+    return pool, prefilled_slots(pool, model, lengths, gen)
 
 
 @settings(**HSET)

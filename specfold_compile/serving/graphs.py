@@ -1,0 +1,326 @@
+"""CUDA graphs for the serving engine's batched passes (``Engine(cuda_graphs=True)``): the verification
+forward and the block write replayed, bucketed by rows, so that a step costs the host a few copies and
+one replay instead of the launches of every layer.
+
+Why: launched from the host, the engine's batched forward is host-bound at real shapes (docs/serving.md
+measures it), and SpecFold's gates add launches and a count read a gate; a replay launches nothing.
+
+What a replay reads. Every input sits in one static int64 buffer of its graph, filled by a single copy
+from the host: the rows' tokens ``[R_pad, B]``, each row's prefix length (its RoPE positions), the
+requests' row bounds, slots and prefix lengths (the ragged attention kernel's index tensors), the hidden
+rows whose logits are wanted ``[M_pad]`` and, under SpecFold, the rows' parents offset to the
+concatenation (forced fold masks, a benchmark's, in a second buffer). The pads: rows ``R..R_pad`` belong
+to one extra request of empty prefix (they attend to their own block only) and, under SpecFold, fold
+into row 0 at every gate, so they take no packed row; logit rows repeat the last one; the requests past
+that one own no rows. What comes back is small: the confidence and token of every wanted position (the
+commit rule's inputs; the logits never leave the graph) and, under SpecFold, the fold masks and an
+overflow flag.
+
+Buckets: ``R_pad`` and ``M_pad`` in the series 8, 12, 16, 24, 32, 48, ... (``row_bucket``: powers of two
+and 1.5 times them, so at most a third is padding), the request count plus the padding request to a
+power of two; under SpecFold also the rounds of pointer jumping (``gate_ref.FoldChains``). One graph per
+bucket, captured the first time it comes after one launched call (which compiles and tunes the
+kernels), all in one memory pool; graphs are replayed one at a time and their outputs read before the
+next replay.
+
+SpecFold without reading a count: each graph packs a fixed number of rows, ``capacity`` positions (every
+row of the requests' main branches plus ``fold_capacity`` of the other rows' positions; every position
+at ``tau = 0``, which folds nothing). A gate resolves its origins and puts its computed positions first
+(``FoldChains.resolve``, no host read), and the first ``capacity`` of them go through the GEMMs. A gate
+that computes more sets the overflow flag, which the engine reads with the confidences (the same read)
+and then runs that forward again launched (``folded.verify_batch_folded``): an overflow costs time,
+never a token.
+
+Block writes: one graph per padded block count; each block's K/V go into its slot at its length by one
+indexed copy a layer (the padding's into the pool's spare slot), and the graph gives each block's next
+seed token. ``replay="eager"`` runs the same buffers and padding with the function called again instead
+of a graph replayed: the CPU path, for tests, and to bisect a wrong result between the bookkeeping and
+the capture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .. import ops
+from ..decoding.commit import confidence
+from ..decoding.cuda_graphs import capture_call
+from ..models.layers import PositionTables
+from ..reference import FoldChains, chain_depth, check_gate, folded_layers, packed_tables
+from .pool import KVPool
+
+__all__ = ["BatchGraphs", "VerifyResult", "row_bucket", "request_bucket", "REPLAYS"]
+
+REPLAYS = ("cuda", "eager")
+SMALLEST_BUCKET = 8
+
+
+def row_bucket(n: int, least: int = SMALLEST_BUCKET) -> int:
+    """The padded size of ``n`` rows: the first of ``least``, then 1.5x and 4/3x in turn (8, 12, 16, 24,
+    32, ...), at least ``n``."""
+    b = least
+    while b < n:
+        b = b * 3 // 2 if b & (b - 1) == 0 else b * 4 // 3
+    return b
+
+
+def request_bucket(n: int) -> int:
+    """The request count a graph is made for: ``n`` requests plus the padding's, to a power of two."""
+    return 1 << n.bit_length()  # the smallest power of two > n
+
+
+def check_fold_capacity(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"fold_capacity: expected a number in (0, 1] (the share of draft positions a "
+                         f"graph packs), got {value!r}")
+    return float(value)
+
+
+@dataclass
+class VerifyResult:
+    """A replayed verification forward, on the host: each wanted position's ``conf`` and ``tok`` (in the
+    requests' ``logit_positions`` order, concatenated); under SpecFold each request's fold masks (bool
+    ``[G, N_i, B]``) and ``overflow`` (some gate computed more positions than the graph packs: the engine
+    then runs the forward launched, and these numbers are not used)."""
+
+    conf: Tensor
+    tok: Tensor
+    masks: list[Tensor] | None = None
+    overflow: bool = False
+
+
+@dataclass
+class _Graph:
+    inputs: Tensor          # int64, every index input, views below
+    masks_in: Tensor | None  # bool [G, R_pad, B], forced masks (or None: gated)
+    outputs: tuple
+    replay: object
+
+
+class _CapacityGates:
+    """``reference.FoldGates`` with a packed batch of fixed size and no host read: each call gates (or
+    takes the next forced mask), folds the padding rows, resolves the origins, and returns the first
+    ``capacity`` computed positions and every position's slot among them; ``overflow`` is set when a
+    gate computes more."""
+
+    def __init__(self, parents: Tensor, block: int, depth: int, tau: Tensor, capacity: int, pad_rows: Tensor,
+                 forced: Tensor | None):
+        self.chains = FoldChains(parents, block, depth)
+        self.tau, self.capacity, self.pad_rows, self.forced = tau, capacity, pad_rows, forced
+        self.masks: list[Tensor] = []
+        self.overflow = torch.zeros((), dtype=torch.bool, device=parents.device)
+
+    def __call__(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        if self.forced is None:
+            fold = self.chains.flags(h, self.tau)
+        else:
+            fold = self.forced[len(self.masks)]
+        fold = (fold | self.pad_rows[:, None]) & self.chains.valid[:, None]
+        self.masks.append(fold)
+        _, rows, count, slot = self.chains.resolve(fold)
+        self.overflow |= count > self.capacity
+        return rows[:self.capacity], slot.clamp(max=self.capacity - 1)
+
+
+class BatchGraphs:
+    """The engine's batched passes as graph replays (module docstring), over their own ``KVPool`` (with a
+    spare slot): ``pool``. Keep one across engines of one model (``Engine(cuda_graphs=graphs)``, each
+    engine's slots at most the pool's) to reuse its graphs. ``fold_capacity``: the share of the draft
+    rows' positions a SpecFold graph packs (module docstring); ``gate``: SpecFold's gates, as in
+    ``folded.verify_batch_folded``."""
+
+    def __init__(self, model, max_requests: int, max_tokens_per_request: int, replay: str = "cuda",
+                 fold_capacity: float = 0.5, gate: str = "layer"):
+        if replay not in REPLAYS:
+            raise ValueError(f"replay: expected one of {REPLAYS}, got {replay!r}")
+        check_gate(gate)
+        self.model, self.replay, self.gate = model, replay, gate
+        self.fold_capacity = check_fold_capacity(fold_capacity)
+        self.pool = KVPool(model, max_requests, max_tokens_per_request, spare_slot=True)
+        if replay == "cuda" and self.pool.device.type != "cuda":
+            raise ValueError(f"replay: 'cuda' needs the model on a CUDA device, got {self.pool.device}")
+        self.block = int(model.config.block_size)
+        self.mask_id = int(model.config.mask_token_id)
+        self.graphs: dict[tuple, _Graph] = {}
+        self.captures = self.replays = 0
+        self._tau = torch.zeros((), dtype=torch.float32, device=self.pool.device)
+        self._handle = None
+
+    # --- verification -----------------------------------------------------------------------------
+    def verify(self, slots: list[int], rows: list[Tensor], logit_positions: list[Tensor],
+               confidence_dtype: str, parents: list[list[int]] | None = None, tau: float | None = None,
+               forced: list[Tensor] | None = None) -> VerifyResult:
+        """One verification forward over requests in ``slots`` (``rows[i]`` int64 ``[N_i, B]`` on the
+        host, ``logit_positions[i]`` its flat positions ``n * B + p`` whose confidences are wanted), as
+        ``forward.verify_batch`` with ragged attention; with ``parents`` (each request's, host lists) the
+        folded forward at ``tau`` (``forced``: each request's fold masks, bool ``[G, N_i, B]``)."""
+        counts = [int(r.shape[0]) for r in rows]
+        n_rows, n_req, block = sum(counts), len(rows), self.block
+        r_pad, q_pad = row_bucket(n_rows), request_bucket(n_req)
+        bounds = [0]
+        for c in counts:
+            bounds.append(bounds[-1] + c)
+        flat = torch.cat([p.cpu() + bounds[i] * block for i, p in enumerate(logit_positions)])
+        hidden = self.model.logit_rows(flat, block)
+        m, m_pad = int(hidden.numel()), row_bucket(int(hidden.numel()), 16)
+        folded = parents is not None
+        depth = rounds_depth(parents) if folded else 0
+        capacity = self._capacity(n_req, r_pad, q_pad, tau) if folded else 0
+        key = ("verify", r_pad, q_pad, m_pad, confidence_dtype, folded, depth, capacity, forced is not None)
+        lengths = [self.pool.lengths[s] for s in slots]
+        tokens = torch.cat(rows)
+        pad = r_pad - n_rows
+        parts = [torch.cat((tokens, tokens[:1].expand(pad, block))).flatten(),
+                 torch.tensor([x for x, c in zip(lengths, counts) for _ in range(c)] + [0] * pad),
+                 torch.tensor(bounds + [r_pad] * (q_pad - n_req)),
+                 torch.tensor(list(slots) + [self.pool.spare] * (q_pad - n_req)),
+                 torch.tensor(lengths + [0] * (q_pad - n_req)),
+                 torch.cat((hidden, hidden[-1:].expand(m_pad - m)))]
+        if folded:
+            offset = [p + bounds[i] if p >= 0 else -1 for i, ps in enumerate(parents) for p in ps]
+            parts += [torch.tensor(offset + [0] * pad),  # the padding folds into row 0 ...
+                      torch.tensor([0] * n_rows + [1] * pad)]  # ... at every gate
+        inputs = torch.cat(parts)
+        masks_in = None
+        if forced is not None:
+            for i, f in enumerate(forced):
+                if bool(f[:, 0].any()):
+                    raise ValueError(f"fold_masks[{i}]: row 0 (the request's main branch) never folds")
+            masks_in = torch.cat([m.cpu() for m in forced] + [torch.ones(len(forced[0]), pad, block, dtype=torch.bool)],
+                                 dim=1)
+        if folded:
+            self._tau.fill_(float(tau))
+
+        def call(graph):
+            return self._verify_call(graph, r_pad, q_pad, m_pad, confidence_dtype, folded, depth, capacity)
+
+        graph = self._run(key, inputs, masks_in, call)
+        # copies: the next replay overwrites the graph's outputs (``.cpu()`` alone is a view on the CPU)
+        conf, tok = (t[:m].to("cpu", copy=True) for t in graph.outputs[:2])
+        if not folded:
+            return VerifyResult(conf, tok)
+        masks, overflow = graph.outputs[2][:, :n_rows].to("cpu", copy=True), bool(graph.outputs[3])
+        return VerifyResult(conf, tok, list(masks.split(counts, dim=1)), overflow)
+
+    def _capacity(self, n_req: int, r_pad: int, q_pad: int, tau: float) -> int:
+        """The positions a SpecFold graph packs: every position at tau = 0; else every main row's and
+        ``fold_capacity`` of the others' (from the padded counts: one capacity a bucket)."""
+        if float(tau) == 0:
+            return r_pad * self.block
+        mains = min(q_pad - 1, r_pad)  # q_pad - 1 >= the requests, each with one main row
+        others = -(-int(self.fold_capacity * 1024) * (r_pad - mains) * self.block // 1024)  # rounded up
+        return min(r_pad * self.block, mains * self.block + others)
+
+    def _verify_call(self, graph: _Graph, r_pad: int, q_pad: int, m_pad: int, confidence_dtype: str, folded: bool,
+                     depth: int, capacity: int):
+        model, block, pool = self.model, self.block, self.pool
+        sizes = [r_pad * block, r_pad, q_pad + 1, q_pad, q_pad, m_pad] + ([r_pad, r_pad] if folded else [])
+        tokens, starts, bounds, slots, lengths, hidden, *rest = graph.inputs.split(sizes)
+        positions = (starts[:, None] + torch.arange(block, device=starts.device)).flatten()
+        tables = model.position_tables(positions)  # per flat row n * B + b
+        h = model.embed_tokens(tokens.view(r_pad, block))
+
+        def attend(index, layer, q, k, v):
+            return ops.ragged_attention(q, k, v, pool.keys[index], pool.values[index], bounds, slots, lengths,
+                                        layer.scale)
+
+        if folded:
+            gates = _CapacityGates(rest[0], block, depth, self._tau, capacity, rest[1].bool(), graph.masks_in)
+            h = folded_layers(model.layers, h, gates, lambda r: packed_tables(tables, r), attend, self.gate)
+        else:
+            pos = _by_row(tables, r_pad, block)
+            for index, layer in enumerate(model.layers):
+                q, k, v = layer.qkv(h, pos)
+                h = h + layer.attn_out(attend(index, layer, q, k, v))
+                h = h + layer.mlp_out(h)
+        logits = model.head(model.norm(h.flatten(0, 1).index_select(0, hidden)))
+        conf, tok = confidence(logits, self.mask_id, confidence_dtype, model.config.decoding_rules.argmax_of_probs)
+        if not folded:
+            return conf, tok
+        return conf, tok, torch.stack(gates.masks), gates.overflow
+
+    # --- block writes -----------------------------------------------------------------------------
+    def write(self, slots: list[int], blocks: list[Tensor]) -> list[int]:
+        """Append one finished block (int64 ``[S]``, host) to each slot's prefix, as
+        ``forward.write_blocks``; returns each request's next-block seed token (the argmax, the mask
+        excluded, of its last position's logits: ``request.seed_token``)."""
+        s, n = int(blocks[0].shape[0]), len(blocks)
+        for slot in slots:
+            self.pool._check_room(slot, s, self.pool.lengths[slot])
+        q_pad = request_bucket(n - 1)  # no padding request here: n blocks to a power of two
+        pad = q_pad - n
+        lengths = [self.pool.lengths[slot] for slot in slots] + [0] * pad
+        tokens = torch.cat((torch.stack(blocks), blocks[0].unsqueeze(0).expand(pad, s)))
+        inputs = torch.cat((tokens.flatten(), torch.arange(q_pad + 1),
+                            torch.tensor(list(slots) + [self.pool.spare] * pad), torch.tensor(lengths)))
+        graph = self._run(("write", s, q_pad), inputs, None, lambda g: self._write_call(g, s, q_pad))
+        for slot in slots:
+            self.pool.advance(slot, s)
+        return graph.outputs[0][:n].tolist()
+
+    def _write_call(self, graph: _Graph, s: int, q_pad: int):
+        model, pool = self.model, self.pool
+        tokens, bounds, slots, lengths = graph.inputs.split([q_pad * s, q_pad + 1, q_pad, q_pad])
+        offsets = torch.arange(s, device=tokens.device)
+        at = lengths[:, None] + offsets                                  # [Q, S] each key's position
+        tables = model.position_tables(at.flatten())
+        pos = _by_row(tables, q_pad, s)
+        where = (slots[:, None].expand(q_pad, s), at)
+        causal = model.config.family == "nld"
+        h = model.embed_tokens(tokens.view(q_pad, s))
+        for index, layer in enumerate(model.layers):
+            q, k, v = layer.qkv(h, pos)  # [Q, S, H, D]
+            o = ops.ragged_attention(q, k, v, pool.keys[index], pool.values[index], bounds, slots, lengths,
+                                     layer.scale, causal)
+            # after the attention, which read only the first `lengths` keys of each slot
+            pool.keys[index].permute(0, 2, 1, 3).index_put_(where, k)
+            pool.values[index].permute(0, 2, 1, 3).index_put_(where, v)
+            h = h + layer.attn_out(o)
+            h = h + layer.mlp_out(h)
+        logits = model.head(model.norm(h[:, -1]))
+        return (confidence(logits, self.mask_id)[1],)
+
+    # --- capture and replay -----------------------------------------------------------------------
+    def _run(self, key: tuple, inputs: Tensor, masks_in: Tensor | None, call) -> _Graph:
+        graph = self.graphs.get(key)
+        if graph is not None:
+            graph.inputs.copy_(inputs, non_blocking=True)
+            if masks_in is not None:
+                graph.masks_in.copy_(masks_in, non_blocking=True)
+            graph.replay()
+            self.replays += 1
+            return graph
+        device = self.pool.device
+        graph = _Graph(inputs.to(device), None if masks_in is None else masks_in.to(device), (), None)
+        if self.replay == "eager":
+            graph.outputs = call(graph)
+
+            def again():
+                for out, new in zip(graph.outputs, call(graph)):
+                    out.copy_(new)
+            graph.replay = again
+        else:
+            if self._handle is None:
+                self._handle = torch.cuda.graph_pool_handle()
+            graph.outputs, graph.replay = capture_call(lambda: call(graph), device, self._handle)
+        self.graphs[key] = graph
+        self.captures += 1
+        return graph
+
+
+def _by_row(tables: PositionTables, rows: int, block: int) -> PositionTables:
+    """Tables of ``rows * block`` flat positions viewed as ``[rows, block, ...]``."""
+    def view(t):
+        return None if t is None else t.view(rows, block, *t.shape[1:])
+    return PositionTables(view(tables.cos), view(tables.sin), view(tables.q_scale))
+
+
+def rounds_depth(parents: list[list[int]]) -> int:
+    """The chain depth a folded graph resolves: the requests' longest fold chain (``chain_depth``) to a
+    power of two (the same pointer-jumping rounds; one graph for every depth in the bucket), at least 1
+    for the padding rows' links to row 0."""
+    depth = max([chain_depth(p) for p in parents] + [1])
+    return 1 << (depth - 1).bit_length()
