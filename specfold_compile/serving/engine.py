@@ -3,7 +3,8 @@
 ``Engine(model, max_requests, max_tokens_per_request, mode)`` keeps a queue of waiting requests and a set
 of running ones, each running request in its own pool slot. One ``step()``:
 
-1. admits waiting requests while slots are free (each one's prompt prefilled alone into its slot);
+1. admits waiting requests while slots are free (each one's prompt prefilled alone into its slot; with
+   ``cuda_graphs``, all of them together as block writes of their prompts' chunks: ``_prefill_replayed``);
 2. runs ONE verification forward over the rows (main and, under Spiffy or SpecFold, drafts) of every
    running request whose block still has masks (``forward.verify_batch``; SpecFold: the folded forward
    ``folded.verify_batch_folded``, each draft folding against its parent within its own request), and
@@ -112,7 +113,7 @@ class Engine:
     ``add_request`` raises ``PoolExhausted`` beyond it. ``attention``: how the batched passes attend,
     ``"per_request"`` or ``"ragged"`` (``forward``'s module docstring); ``"auto"`` takes ``"ragged"`` on
     CUDA and ``"per_request"`` elsewhere (``forward.engine_attention``). ``cuda_graphs``: False launches
-    every pass; True replays the verification forwards and block writes from CUDA graphs bucketed by
+    every pass; True replays the verification forwards, block writes and prefills from CUDA graphs bucketed by
     rows (``graphs.BatchGraphs``, over ragged attention: ``attention`` must be ``"auto"`` or
     ``"ragged"``); ``"eager"`` the same bookkeeping with the passes called again (the CPU path); or a
     ``BatchGraphs`` to share its pool and graphs between engines of one model (at most its slots, its
@@ -300,8 +301,8 @@ class Engine:
                     if j < len(c):
                         groups.setdefault(int(c[j].numel()), []).append(d)
                 for group in groups.values():
-                    for d, seed in zip(group, self.graphs.write([d.slot for d in group], [chunks[d][j] for d in group])):
-                        seeds[d] = seed
+                    written = self.graphs.write([d.slot for d in group], [chunks[d][j] for d in group])
+                    seeds.update(zip(group, written))
         except Exception:  # each request then prefills alone and, if it fails, fails alone
             return {}
         return seeds

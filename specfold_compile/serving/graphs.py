@@ -1,6 +1,6 @@
 """CUDA graphs for the serving engine's batched passes (``Engine(cuda_graphs=True)``): the verification
-forward and the block write replayed, bucketed by rows, so that a step costs the host a few copies and
-one replay instead of the launches of every layer.
+forward and the block write (which also serves the engine's batched prefills) replayed, bucketed by
+rows, so that a step costs the host a few copies and one replay instead of the launches of every layer.
 
 Why: launched from the host, the engine's batched forward is host-bound at real shapes (docs/serving.md
 measures it), and SpecFold's gates add launches and a count read a gate; a replay launches nothing.
@@ -40,6 +40,7 @@ the capture.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -47,14 +48,14 @@ from torch import Tensor
 
 from .. import ops
 from ..decoding.commit import confidence
-from ..decoding.cuda_graphs import capture_call
+from ..decoding.cuda_graphs import REPLAYS, capture_call
 from ..models.layers import PositionTables
 from ..reference import FoldChains, chain_depth, check_gate, folded_layers, packed_tables
+from .forward import row_bounds
 from .pool import KVPool
 
 __all__ = ["BatchGraphs", "VerifyResult", "row_bucket", "request_bucket", "REPLAYS"]
 
-REPLAYS = ("cuda", "eager")
 SMALLEST_BUCKET = 8
 
 
@@ -73,6 +74,7 @@ def request_bucket(n: int) -> int:
 
 
 def check_fold_capacity(value) -> float:
+    """``fold_capacity``: a number in (0, 1] (a one-line error naming the argument otherwise)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise ValueError(f"fold_capacity: expected a number in (0, 1] (the share of draft positions a "
                          f"graph packs), got {value!r}")
@@ -160,15 +162,13 @@ class BatchGraphs:
         counts = [int(r.shape[0]) for r in rows]
         n_rows, n_req, block = sum(counts), len(rows), self.block
         r_pad, q_pad = row_bucket(n_rows), request_bucket(n_req)
-        bounds = [0]
-        for c in counts:
-            bounds.append(bounds[-1] + c)
+        bounds = row_bounds(counts)
         flat = torch.cat([p.cpu() + bounds[i] * block for i, p in enumerate(logit_positions)])
         hidden = self.model.logit_rows(flat, block)
         m, m_pad = int(hidden.numel()), row_bucket(int(hidden.numel()), 16)
         folded = parents is not None
         depth = rounds_depth(parents) if folded else 0
-        capacity = self._capacity(n_req, r_pad, q_pad, tau) if folded else 0
+        capacity = self._capacity(r_pad, q_pad, tau) if folded else 0
         key = ("verify", r_pad, q_pad, m_pad, confidence_dtype, folded, depth, capacity, forced is not None)
         lengths = [self.pool.lengths[s] for s in slots]
         tokens = torch.cat(rows)
@@ -205,13 +205,13 @@ class BatchGraphs:
         masks, overflow = graph.outputs[2][:, :n_rows].to("cpu", copy=True), bool(graph.outputs[3])
         return VerifyResult(conf, tok, list(masks.split(counts, dim=1)), overflow)
 
-    def _capacity(self, n_req: int, r_pad: int, q_pad: int, tau: float) -> int:
+    def _capacity(self, r_pad: int, q_pad: int, tau: float) -> int:
         """The positions a SpecFold graph packs: every position at tau = 0; else every main row's and
         ``fold_capacity`` of the others' (from the padded counts: one capacity a bucket)."""
         if float(tau) == 0:
             return r_pad * self.block
         mains = min(q_pad - 1, r_pad)  # q_pad - 1 >= the requests, each with one main row
-        others = -(-int(self.fold_capacity * 1024) * (r_pad - mains) * self.block // 1024)  # rounded up
+        others = math.ceil(self.fold_capacity * (r_pad - mains) * self.block)
         return min(r_pad * self.block, mains * self.block + others)
 
     def _verify_call(self, graph: _Graph, r_pad: int, q_pad: int, m_pad: int, confidence_dtype: str, folded: bool,
@@ -246,7 +246,7 @@ class BatchGraphs:
     def write(self, slots: list[int], blocks: list[Tensor]) -> list[int]:
         """Append one finished block (int64 ``[S]``, host) to each slot's prefix, as
         ``forward.write_blocks``; returns each request's next-block seed token (the argmax, the mask
-        excluded, of its last position's logits: ``request.seed_token``)."""
+        excluded, of its last position's logits: ``request.seed_tokens``)."""
         s, n = int(blocks[0].shape[0]), len(blocks)
         for slot in slots:
             self.pool._check_room(slot, s, self.pool.lengths[slot])
