@@ -13,15 +13,17 @@ Public API::
     generate(model, prompt_ids | [prompt_ids, ...], ...)   # one prompt: decoding.generate; a list: batched
     KVPool(model, max_requests, max_tokens_per_request), PoolExhausted
     verify_batch_folded(model, pool, slots, rows, parents, logit_positions, tau)  # the folded forward
-    BatchGraphs(model, max_requests, max_tokens_per_request)  # CUDA graphs of the passes, shareable
+    BatchGraphs(model, max_requests, max_tokens_per_request, fold_capacity=0.5, min_packed=512)  # shareable
+    capacity_from_masks([fold_masks, ...]) -> fold_capacity a gate, from earlier requests' fold masks
 """
 
 from .batch import generate, generate_batch
 from .engine import SERVING_MODES, BlockOutput, Engine, EngineStats, RequestOutput
 from .folded import verify_batch_folded
-from .graphs import BatchGraphs
+from .graphs import BatchGraphs, capacity_from_masks
 from .pool import KVPool, PoolExhausted
 from .request import RequestParams
 
 __all__ = ["Engine", "RequestParams", "BlockOutput", "RequestOutput", "EngineStats", "SERVING_MODES",
-           "generate", "generate_batch", "KVPool", "PoolExhausted", "verify_batch_folded", "BatchGraphs"]
+           "generate", "generate_batch", "KVPool", "PoolExhausted", "verify_batch_folded", "BatchGraphs",
+           "capacity_from_masks"]

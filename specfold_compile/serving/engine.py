@@ -82,7 +82,8 @@ class RequestOutput:
 class EngineStats:
     """What the engine ran: verification forwards (and the rows and requests they covered), batched block
     writes, prefills; under SpecFold the draft positions its gates saw (summed over gates) and folded,
-    and (``cuda_graphs``) the forwards run again launched because a graph's packed rows overflowed."""
+    and (``cuda_graphs``) the replays of a forward that overflowed a graph's packed rows, each replayed
+    again from the next capacity level's graph."""
 
     verify_calls: int = 0
     verify_rows: int = 0
@@ -118,13 +119,14 @@ class Engine:
     ``"ragged"``); ``"eager"`` the same bookkeeping with the passes called again (the CPU path); or a
     ``BatchGraphs`` to share its pool and graphs between engines of one model (at most its slots, its
     ``max_tokens_per_request``). ``fold_capacity``: with graphs under SpecFold, the share of the draft
-    rows' positions a graph packs (``graphs``' module docstring; a forward that computes more runs
-    again launched, ``stats.overflows``); a shared ``BatchGraphs`` keeps its own (and its ``gate``)."""
+    rows' positions a gate packs, one number or one a gate (``graphs``' module docstring,
+    ``graphs.capacity_from_masks``; a forward that computes more is replayed again at a larger
+    capacity, ``stats.overflows``); a shared ``BatchGraphs`` keeps its own (and its ``gate``)."""
 
     def __init__(self, model, max_requests: int = 8, max_tokens_per_request: int = 1024, mode: str = "vanilla",
                  draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None,
                  tau: float | None = None, attention: str = "auto", cuda_graphs=False,
-                 fold_capacity: float = 0.5):
+                 fold_capacity: float | tuple[float, ...] = 0.5):
         check_serving_model(model)
         self.device = model.embed_tokens.weight.device
         graphs = _check_graphs(cuda_graphs, attention)
@@ -321,8 +323,8 @@ class Engine:
     def _verify(self, ready: list[RequestDecode], events: list[BlockOutput]) -> None:
         rows = [d.rows() for d in ready]
         positions = [d.logit_positions(r) for d, r in zip(ready, rows)]
-        replayed = self._replayed(ready, rows, positions) if self.graphs is not None else None
-        conf, tok = replayed if replayed is not None else self._launched(ready, rows, positions)
+        run = self._replayed if self.graphs is not None else self._launched
+        conf, tok = run(ready, rows, positions)
         at = 0
         for d, p in zip(ready, positions):
             try:  # the commit rule and the drafts' walk on this request's rows alone
@@ -342,8 +344,7 @@ class Engine:
             self.stats.folded_draft_positions += int(m.sum())
 
     def _replayed(self, ready, rows, positions):
-        """The forward replayed (``graphs.BatchGraphs.verify``): the confidences on the host, or None
-        when a SpecFold graph overflowed its packed rows (the caller runs it launched)."""
+        """The forward replayed (``graphs.BatchGraphs.verify``): the confidences on the host."""
         slots = [d.slot for d in ready]
         if self.mode != "specfold":
             res = self.graphs.verify(slots, rows, positions, self.confidence_dtype)
@@ -351,9 +352,7 @@ class Engine:
         forced = [d.forced_fold_masks() for d in ready]
         res = self.graphs.verify(slots, rows, positions, self.confidence_dtype, [d.parents.tolist() for d in ready],
                                  self.tau, forced if all(m is not None for m in forced) else None)
-        if res.overflow:
-            self.stats.overflows += 1
-            return None
+        self.stats.overflows += res.overflows
         self._note_masks(ready, res.masks)
         return res.conf, res.tok
 

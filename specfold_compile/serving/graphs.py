@@ -23,13 +23,18 @@ bucket, captured the first time it comes after one launched call (which compiles
 kernels), all in one memory pool; graphs are replayed one at a time and their outputs read before the
 next replay.
 
-SpecFold without reading a count: each graph packs a fixed number of rows, ``capacity`` positions (every
-row of the requests' main branches plus ``fold_capacity`` of the other rows' positions; every position
-at ``tau = 0``, which folds nothing). A gate resolves its origins and puts its computed positions first
+SpecFold without reading a count: each gate of a graph packs a fixed number of positions, its
+capacity: every position of the requests' main rows plus its share (``fold_capacity``: one number for
+every gate, or one a gate) of the draft rows' positions, both counts rounded up by at most an eighth
+(``fine_bucket``), and at least ``min_packed`` positions (below that a GEMM costs what reading its
+weights costs, so packing fewer saves little); every position at ``tau = 0``, which folds nothing. A gate resolves its origins and puts its computed positions first
 (``FoldChains.resolve``, no host read), and the first ``capacity`` of them go through the GEMMs. A gate
-that computes more sets the overflow flag, which the engine reads with the confidences (the same read)
-and then runs that forward again launched (``folded.verify_batch_folded``): an overflow costs time,
-never a token.
+that computes more sets the overflow flag, read back with the fold masks; the forward is then replayed
+from the graph of the next capacity level (every share doubled, up to every position, which cannot
+overflow; its inputs are the same and a verification forward writes nothing), so an overflow costs a
+replay, never a token. The deeper layers of a model fold less than the first ones, so a share a gate
+(``capacity_from_masks``, from the fold masks of earlier requests) packs fewer rows than one share for
+all.
 
 Block writes: one graph per padded block count; each block's K/V go into its slot at its length by one
 indexed copy a layer (the padding's into the pool's spare slot), and the graph gives each block's next
@@ -40,6 +45,7 @@ the capture.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -50,13 +56,17 @@ from .. import ops
 from ..decoding.commit import confidence
 from ..decoding.cuda_graphs import REPLAYS, capture_call
 from ..models.layers import PositionTables
-from ..reference import FoldChains, chain_depth, check_gate, folded_layers, packed_tables
+from ..reference import FoldChains, chain_depth, check_gate, folded_layers, gate_count, packed_tables
 from .forward import row_bounds
 from .pool import KVPool
 
-__all__ = ["BatchGraphs", "VerifyResult", "row_bucket", "request_bucket", "REPLAYS"]
+__all__ = ["BatchGraphs", "VerifyResult", "row_bucket", "request_bucket", "fine_bucket", "capacity_from_masks",
+           "REPLAYS", "MIN_PACKED"]
 
 SMALLEST_BUCKET = 8
+# positions a SpecFold gate packs at least (module docstring): on an H200 one 7B layer's position-wise
+# GEMMs take 247 / 316 / 504 us at 128 / 256 / 512 rows, then grow with the rows (bench.packed_rows)
+MIN_PACKED = 256
 
 
 def row_bucket(n: int, least: int = SMALLEST_BUCKET) -> int:
@@ -68,30 +78,60 @@ def row_bucket(n: int, least: int = SMALLEST_BUCKET) -> int:
     return b
 
 
+def fine_bucket(n: int) -> int:
+    """``n`` rounded up to ``m * 2^k`` with ``m`` in ``[8, 16)``: at most an eighth more (0 stays 0)."""
+    if n <= 8:
+        return n
+    step = 1 << (n.bit_length() - 4)  # n in [8 * step, 16 * step)
+    return -(-n // step) * step
+
+
 def request_bucket(n: int) -> int:
     """The request count a graph is made for: ``n`` requests plus the padding's, to a power of two."""
     return 1 << n.bit_length()  # the smallest power of two > n
 
 
-def check_fold_capacity(value) -> float:
-    """``fold_capacity``: a number in (0, 1] (a one-line error naming the argument otherwise)."""
+def check_fold_capacity(value, gates: int | None = None) -> float | tuple[float, ...]:
+    """``fold_capacity``: a number in (0, 1], or a sequence of them, one a gate (``gates`` of them when
+    given); a one-line error naming the argument otherwise."""
+    what = "a number in (0, 1] or a sequence of them, one a gate (the share of draft positions a gate packs)"
+    if isinstance(value, (list, tuple)):
+        if not value or (gates is not None and len(value) != gates):
+            raise ValueError(f"fold_capacity: expected {what}{f', {gates} of them' if gates else ''}, got "
+                             f"{len(value)} numbers")
+        return tuple(check_fold_capacity(v) for v in value)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ValueError(f"fold_capacity: expected a number in (0, 1] (the share of draft positions a "
-                         f"graph packs), got {value!r}")
+        raise ValueError(f"fold_capacity: expected {what}, got {value!r}")
     return float(value)
+
+
+def capacity_from_masks(fold_masks, margin: float = 1.5, step: float = 1 / 32) -> tuple[float, ...]:
+    """A ``fold_capacity`` a gate from fold masks of earlier forwards (bool ``[G, N, B]`` each, row 0 the
+    main branch: ``RequestOutput.fold_masks``): each gate's share of draft positions computed, times
+    ``margin``, rounded up to a multiple of ``step`` (so that nearby workloads give the same graphs),
+    within ``[step, 1]``."""
+    computed, total = None, 0
+    for m in fold_masks:
+        drafts = ~m[:, 1:].reshape(m.shape[0], -1)
+        computed = drafts.sum(1) if computed is None else computed + drafts.sum(1)
+        total += drafts.shape[1]
+    if computed is None or total == 0:
+        raise ValueError("fold_masks: expected at least one mask with draft rows ([G, N, B], N >= 2)")
+    shares = computed.double() / total * margin
+    return tuple(min(1.0, max(step, math.ceil(float(x) / step - 1e-9) * step)) for x in shares)
 
 
 @dataclass
 class VerifyResult:
     """A replayed verification forward, on the host: each wanted position's ``conf`` and ``tok`` (in the
     requests' ``logit_positions`` order, concatenated); under SpecFold each request's fold masks (bool
-    ``[G, N_i, B]``) and ``overflow`` (some gate computed more positions than the graph packs: the engine
-    then runs the forward launched, and these numbers are not used)."""
+    ``[G, N_i, B]``) and ``overflows``: how many graphs the forward overflowed (some gate computed more
+    positions than it packs) before the one that gave these numbers."""
 
     conf: Tensor
     tok: Tensor
     masks: list[Tensor] | None = None
-    overflow: bool = False
+    overflows: int = 0
 
 
 @dataclass
@@ -103,13 +143,13 @@ class _Graph:
 
 
 class _CapacityGates:
-    """``reference.FoldGates`` with a packed batch of fixed size and no host read: each call gates (or
-    takes the next forced mask), folds the padding rows, resolves the origins, and returns the first
-    ``capacity`` computed positions and every position's slot among them; ``overflow`` is set when a
+    """``reference.FoldGates`` with packed batches of fixed sizes and no host read: gate ``g`` gates (or
+    takes its forced mask), folds the padding rows, resolves the origins, and returns the first
+    ``capacity[g]`` computed positions and every position's slot among them; ``overflow`` is set when a
     gate computes more."""
 
-    def __init__(self, parents: Tensor, block: int, depth: int, tau: Tensor, capacity: int, pad_rows: Tensor,
-                 forced: Tensor | None):
+    def __init__(self, parents: Tensor, block: int, depth: int, tau: Tensor, capacity: tuple[int, ...],
+                 pad_rows: Tensor, forced: Tensor | None):
         self.chains = FoldChains(parents, block, depth)
         self.tau, self.capacity, self.pad_rows, self.forced = tau, capacity, pad_rows, forced
         self.masks: list[Tensor] = []
@@ -121,26 +161,33 @@ class _CapacityGates:
         else:
             fold = self.forced[len(self.masks)]
         fold = (fold | self.pad_rows[:, None]) & self.chains.valid[:, None]
+        capacity = self.capacity[len(self.masks)]
         self.masks.append(fold)
         _, rows, count, slot = self.chains.resolve(fold)
-        self.overflow |= count > self.capacity
-        return rows[:self.capacity], slot.clamp(max=self.capacity - 1)
+        self.overflow |= count > capacity
+        return rows[:capacity], slot.clamp(max=capacity - 1)
 
 
 class BatchGraphs:
     """The engine's batched passes as graph replays (module docstring), over their own ``KVPool`` (with a
     spare slot): ``pool``. Keep one across engines of one model (``Engine(cuda_graphs=graphs)``, each
     engine's slots at most the pool's) to reuse its graphs. ``fold_capacity``: the share of the draft
-    rows' positions a SpecFold graph packs (module docstring); ``gate``: SpecFold's gates, as in
-    ``folded.verify_batch_folded``."""
+    rows' positions a SpecFold gate packs, one for all or one a gate (module docstring), ``min_packed``
+    the positions it packs at least; ``gate``: SpecFold's gates, as in ``folded.verify_batch_folded``."""
 
     def __init__(self, model, max_requests: int, max_tokens_per_request: int, replay: str = "cuda",
-                 fold_capacity: float = 0.5, gate: str = "layer"):
+                 fold_capacity: float | tuple[float, ...] = 0.5, gate: str = "layer", min_packed: int = MIN_PACKED):
         if replay not in REPLAYS:
             raise ValueError(f"replay: expected one of {REPLAYS}, got {replay!r}")
         check_gate(gate)
-        self.model, self.replay, self.gate = model, replay, gate
-        self.fold_capacity = check_fold_capacity(fold_capacity)
+        if isinstance(min_packed, bool) or not isinstance(min_packed, int) or min_packed < 0:
+            raise ValueError(f"min_packed: expected an int >= 0 (positions a gate packs at least), got "
+                             f"{min_packed!r}")
+        self.model, self.replay, self.gate, self.min_packed = model, replay, gate, min_packed
+        n_gates = gate_count(len(model.layers), gate)
+        self.fold_capacity = check_fold_capacity(fold_capacity, n_gates)
+        self._shares = (self.fold_capacity if isinstance(self.fold_capacity, tuple)
+                        else (self.fold_capacity,) * n_gates)
         self.pool = KVPool(model, max_requests, max_tokens_per_request, spare_slot=True)
         if replay == "cuda" and self.pool.device.type != "cuda":
             raise ValueError(f"replay: 'cuda' needs the model on a CUDA device, got {self.pool.device}")
@@ -168,8 +215,6 @@ class BatchGraphs:
         m, m_pad = int(hidden.numel()), row_bucket(int(hidden.numel()), 16)
         folded = parents is not None
         depth = rounds_depth(parents) if folded else 0
-        capacity = self._capacity(r_pad, q_pad, tau) if folded else 0
-        key = ("verify", r_pad, q_pad, m_pad, confidence_dtype, folded, depth, capacity, forced is not None)
         lengths = [self.pool.lengths[s] for s in slots]
         tokens = torch.cat(rows)
         pad = r_pad - n_rows
@@ -194,25 +239,40 @@ class BatchGraphs:
         if folded:
             self._tau.fill_(float(tau))
 
-        def call(graph):
-            return self._verify_call(graph, r_pad, q_pad, m_pad, confidence_dtype, folded, depth, capacity)
+        overflows = 0
+        for level in itertools.count():
+            capacity = self._capacity(r_pad, n_req, n_rows, tau, level) if folded else ()
+            key = ("verify", r_pad, q_pad, m_pad, confidence_dtype, folded, depth, capacity, forced is not None)
 
-        graph = self._run(key, inputs, masks_in, call)
+            def call(graph, capacity=capacity):
+                return self._verify_call(graph, r_pad, q_pad, m_pad, confidence_dtype, folded, depth, capacity)
+
+            graph = self._run(key, inputs, masks_in, call)
+            if not folded:
+                break
+            # one read: the fold masks and, in the same buffer, the overflow flag
+            masks, overflow = _split_flag(graph.outputs[2])
+            if not overflow or all(c == r_pad * block for c in capacity):
+                break
+            overflows += 1
         # copies: the next replay overwrites the graph's outputs (``.cpu()`` alone is a view on the CPU)
         conf, tok = (t[:m].to("cpu", copy=True) for t in graph.outputs[:2])
         if not folded:
             return VerifyResult(conf, tok)
-        masks, overflow = graph.outputs[2][:, :n_rows].to("cpu", copy=True), bool(graph.outputs[3])
-        return VerifyResult(conf, tok, list(masks.split(counts, dim=1)), overflow)
+        return VerifyResult(conf, tok, list(masks[:, :n_rows].split(counts, dim=1)), overflows)
 
-    def _capacity(self, r_pad: int, q_pad: int, tau: float) -> int:
-        """The positions a SpecFold graph packs: every position at tau = 0; else every main row's and
-        ``fold_capacity`` of the others' (from the padded counts: one capacity a bucket)."""
+    def _capacity(self, r_pad: int, n_req: int, n_rows: int, tau: float, level: int = 0) -> tuple[int, ...]:
+        """The positions each gate of a SpecFold graph packs, for ``n_req`` requests of ``n_rows`` rows in
+        all padded to ``r_pad``: every position at tau = 0; else the main rows' positions and the gate's
+        share of the draft rows' (each share doubled ``level`` times, at most 1), both counts first
+        rounded up by ``fine_bucket`` (so that nearby batches share a graph), and at least
+        ``min_packed``."""
+        full = r_pad * self.block
         if float(tau) == 0:
-            return r_pad * self.block
-        mains = min(q_pad - 1, r_pad)  # q_pad - 1 >= the requests, each with one main row
-        others = math.ceil(self.fold_capacity * (r_pad - mains) * self.block)
-        return min(r_pad * self.block, mains * self.block + others)
+            return (full,) * len(self._shares)
+        mains, drafts = fine_bucket(n_req) * self.block, fine_bucket(n_rows - n_req) * self.block
+        return tuple(min(full, max(self.min_packed, mains + math.ceil(min(1.0, s * 2 ** level) * drafts)))
+                     for s in self._shares)
 
     def _verify_call(self, graph: _Graph, r_pad: int, q_pad: int, m_pad: int, confidence_dtype: str, folded: bool,
                      depth: int, capacity: int):
@@ -240,7 +300,9 @@ class BatchGraphs:
         conf, tok = confidence(logits, self.mask_id, confidence_dtype, model.config.decoding_rules.argmax_of_probs)
         if not folded:
             return conf, tok
-        return conf, tok, torch.stack(gates.masks), gates.overflow
+        # the overflow flag rides in one more row of the masks: one copy brings both back
+        flag = gates.overflow.expand(len(gates.masks), 1, block)
+        return conf, tok, torch.cat((torch.stack(gates.masks), flag), dim=1)
 
     # --- block writes -----------------------------------------------------------------------------
     def write(self, slots: list[int], blocks: list[Tensor]) -> list[int]:
@@ -316,6 +378,13 @@ def _by_row(tables: PositionTables, rows: int, block: int) -> PositionTables:
     def view(t):
         return None if t is None else t.view(rows, block, *t.shape[1:])
     return PositionTables(view(tables.cos), view(tables.sin), view(tables.q_scale))
+
+
+def _split_flag(packed: Tensor) -> tuple[Tensor, bool]:
+    """A SpecFold graph's fold masks ``[G, R_pad, B]`` and overflow flag, from its one output
+    ``[G, R_pad + 1, B]`` (the flag in the last row), copied to the host at once."""
+    host = packed.to("cpu", copy=True)
+    return host[:, :-1], bool(host[0, -1, 0])
 
 
 def rounds_depth(parents: list[list[int]]) -> int:

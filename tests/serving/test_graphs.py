@@ -1,7 +1,7 @@
 """The engine's batched passes replayed from graphs bucketed by rows (``serving.graphs.BatchGraphs``), run
 here with ``replay="eager"`` (the same static buffers, padding and bookkeeping, the function called again
-instead of a CUDA graph): the buckets, the engine's tokens, stats and fold masks against the launched
-engine with ragged attention, the overflow fallback, graphs shared between engines, the pool's spare slot
+instead of a CUDA graph): the engine's tokens, stats and fold masks against the launched engine with
+ragged attention, overflowed forwards replayed at a larger capacity, graphs shared between engines, the pool's spare slot
 taking the padding's block writes, and one replayed verification forward against ``verify_batch``."""
 import copy
 import functools
@@ -15,52 +15,12 @@ from specfold_compile.decoding.commit import confidence
 from specfold_compile.decoding.defaults import CONFIDENCE_DTYPES
 from specfold_compile.serving import Engine, PoolExhausted, RequestParams, verify_batch_folded
 from specfold_compile.serving.forward import verify_batch, write_blocks
-from specfold_compile.serving.graphs import BatchGraphs, request_bucket, row_bucket
+from specfold_compile.serving.graphs import BatchGraphs, request_bucket
 from specfold_compile.serving.request import seed_tokens
 from specfold_compile.testing import (TINY_FAMILIES as FAMILIES, assert_close, prefilled_slots, realistic_tree,
                                       tiny_model)
 
 HSET = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=3)
-
-
-# --- buckets -------------------------------------------------------------------------------------
-
-def _series(least: int, up_to: int) -> list[int]:
-    """Powers of two from ``least`` on and 1.5 times each: 8, 12, 16, 24, 32, 48, ..."""
-    out, p = [], least
-    while p <= up_to:
-        out += [p, p * 3 // 2]
-        p *= 2
-    return out
-
-
-def test_row_bucket_series():
-    assert [row_bucket(n) for n in (1, 8, 9, 12, 13, 16, 17, 24, 25, 32, 33, 48, 49, 64, 65)] == \
-        [8, 8, 12, 12, 16, 16, 24, 24, 32, 32, 48, 48, 64, 64, 96]
-    assert [row_bucket(n, 16) for n in (1, 16, 17, 24, 25, 33)] == [16, 16, 24, 24, 32, 48]
-    for least in (8, 16):
-        series = _series(least, 1 << 14)
-        for n in range(1, 5000):
-            b = row_bucket(n, least)
-            assert b == min(s for s in series if s >= n), (least, n, b)  # the first of the series that fits
-            if n > least:
-                assert b < 1.5 * n, (least, n, b)  # at most a third is padding
-
-
-@settings(max_examples=200, deadline=None)
-@given(n=st.integers(1, 10**7))
-def test_row_bucket_pads_at_most_a_third(n):
-    b = row_bucket(n)
-    assert b >= max(n, 8) and b in _series(8, 2 * b)
-    assert b < 1.5 * n or n <= 8
-    assert row_bucket(b) == b and row_bucket(b + 1) > b
-
-
-@settings(max_examples=200, deadline=None)
-@given(n=st.integers(0, 10**7))
-def test_request_bucket_is_the_next_power_of_two(n):
-    q = request_bucket(n)
-    assert q > n and q & (q - 1) == 0 and q // 2 <= n
 
 
 # --- the engine: replayed (eager) against launched ragged ----------------------------------------
@@ -127,7 +87,10 @@ def _assert_same_masks(got, want, what):
 ])
 def test_eager_graphs_decode_the_launched_tokens(family, mode, tau, attention):
     model = tiny_model(family)
-    engine = Engine(model, 2, MAX_TOKENS, mode=mode, tau=tau, attention=attention, cuda_graphs="eager")
+    # SpecFold: no floor on the packed positions (the tiny rows are fewer than MIN_PACKED), so the
+    # graphs pack fold_capacity of them
+    graphs = BatchGraphs(model, 2, MAX_TOKENS, "eager", min_packed=0) if mode == "specfold" else "eager"
+    engine = Engine(model, 2, MAX_TOKENS, mode=mode, tau=tau, attention=attention, cuda_graphs=graphs)
     assert engine.attention == "ragged" and isinstance(engine.graphs, BatchGraphs)
     assert engine.pool is engine.graphs.pool and engine.graphs.replay == "eager"
     tokens, stats, masks = _decode(engine)
@@ -161,6 +124,7 @@ def test_kept_fold_masks_survive_later_replays():
     """The fold masks an engine keeps (``RequestOutput.fold_masks``), read after the run, are those it
     recorded in each step (there the launched engine's: ``test_eager_graphs_decode_the_launched_tokens``),
     not overwritten by later replays of the same graph."""
+    # the tiny rows are fewer than MIN_PACKED: every graph packs every position, one graph a row bucket
     engine = Engine(tiny_model(FAMILIES[0]), 2, MAX_TOKENS, mode="specfold", tau=0.3, cuda_graphs="eager")
     workload = dict(seed=9, lengths=(10, 4), budgets=(3, 3), thresholds=(0.9, 0.5))
     ids = [engine.add_request(p, r) for p, r in _workload(**workload)]
@@ -173,22 +137,26 @@ def test_kept_fold_masks_survive_later_replays():
     _assert_same_masks([engine.output(i).fold_masks for i in ids], [recorded[i] for i in ids], "kept masks")
 
 
-@pytest.mark.parametrize("capacity", [0.01, 1.0])
-def test_overflowed_forwards_run_again_launched(capacity):
-    """A tiny ``fold_capacity`` overflows a graph's packed rows (three requests on three slots: the
-    graph's rows of main branches are all taken): those forwards run again launched, and the tokens,
-    stats and fold masks stay the launched engine's. ``fold_capacity=1.0`` packs every position: no
-    overflow."""
+@pytest.mark.parametrize("capacity", [0.01, "per gate", 1.0])
+def test_overflowed_forwards_replay_at_a_larger_capacity(capacity):
+    """A tiny ``fold_capacity`` (for every gate, or for every other gate) overflows a graph's packed rows
+    (three requests on three slots: the graph's rows of main branches are all taken): those forwards are
+    replayed from the next capacity level's graphs, and the tokens, stats and fold masks stay the
+    launched engine's. ``fold_capacity=1.0`` packs every position: no overflow."""
     family, mode, tau = FAMILIES[0], "specfold", 0.5
+    model = tiny_model(family)
+    if capacity == "per gate":
+        capacity = tuple(0.01 if g % 2 else 1.0 for g in range(len(model.layers)))
     ref_tokens, ref_stats, ref_masks = _launched(family, mode, tau, 3)
-    engine = Engine(tiny_model(family), 3, MAX_TOKENS, mode=mode, tau=tau, cuda_graphs="eager",
-                    fold_capacity=capacity)
+    graphs = BatchGraphs(model, 3, MAX_TOKENS, "eager", fold_capacity=capacity, min_packed=0)
+    engine = Engine(model, 3, MAX_TOKENS, mode=mode, tau=tau, cuda_graphs=graphs)
     assert engine.graphs.fold_capacity == capacity
     tokens, stats, masks = _decode(engine)
     assert tokens == ref_tokens and stats == ref_stats
     _assert_same_masks(masks, ref_masks, f"fold_capacity={capacity}")
-    if capacity < 1:
-        assert 0 < engine.stats.overflows < stats["verify_calls"]
+    levels = {key[7] for key in graphs.graphs if key[0] == "verify"}  # the packed positions a gate
+    if capacity != 1.0:
+        assert 0 < engine.stats.overflows and len(levels) > 1
     else:
         assert engine.stats.overflows == 0
 
@@ -253,6 +221,9 @@ def test_shared_graphs_are_refused_by_a_mismatched_engine():
     (lambda m: BatchGraphs(m, 2, 32, "eager", fold_capacity=-0.5), r"^fold_capacity: .* got -0\.5"),
     (lambda m: BatchGraphs(m, 2, 32, "eager", fold_capacity=True), r"^fold_capacity: .* got True"),
     (lambda m: BatchGraphs(m, 2, 32, "eager", fold_capacity="0.5"), r"^fold_capacity: .* got '0\.5'"),
+    (lambda m: BatchGraphs(m, 2, 32, "eager", fold_capacity=(0.5,) * 5), r"^fold_capacity: .*, 2 of them, got 5"),
+    (lambda m: BatchGraphs(m, 2, 32, "eager", fold_capacity=(0.5, 2)), r"^fold_capacity: .* got 2$"),
+    (lambda m: BatchGraphs(m, 2, 32, "eager", min_packed=-1), r"^min_packed: expected an int >= 0"),
 ])
 def test_graph_arguments_are_checked(make, match):
     if torch.cuda.is_available() and "CUDA device" in match:
@@ -377,7 +348,7 @@ def test_replayed_verify_is_verify_batch(family, seed, lengths, counts, dtype):
         res = graphs.verify(slots, rows, positions, dtype)
         conf, tok = _confidence(model, verify_batch(model, graphs.pool, slots, rows, positions, attention="ragged"),
                                 dtype)
-    assert res.masks is None and res.overflow is False
+    assert res.masks is None and res.overflows == 0
     assert res.tok.dtype == torch.int64 and torch.equal(res.tok, tok)
     assert_close(res.conf, conf, what=family)
     assert graphs.captures == 1 and graphs.replays == 0
@@ -413,7 +384,7 @@ def test_replayed_folded_verify_is_verify_batch_folded(family, seed, lengths, co
         logits, masks = verify_batch_folded(model, graphs.pool, slots, rows, parents, positions, tau, folds,
                                             attention="ragged")
         conf, tok = _confidence(model, logits, "float32")
-    assert res.overflow is False
+    assert res.overflows == 0
     _assert_same_masks([res.masks], [masks], family)
     if forced:
         _assert_same_masks([res.masks], [folds], "forced")
