@@ -273,23 +273,40 @@ def replay(args, trace: dict, name: str) -> list[dict]:
             for graphed in args.cuda_graphs:
                 if graphed and attention != "ragged":
                     continue  # the graphs replay the ragged kernel
-                rows += _replay_mode(model, name, mode, kind, attention, workload, args, cuda, trace["model"], graphed)
+                for capacity in args.fold_capacity if graphed and kind == "specfold" else (None,):
+                    rows += _replay_mode(model, name, mode, kind, attention, workload, args, cuda, trace["model"],
+                                         graphed, capacity and _capacity(capacity, recorded, len(model.layers)))
         if cuda:
             torch.cuda.empty_cache()
     return rows
 
 
+def _capacity(label: str, recorded: list[dict], gates: int) -> tuple[str, float | tuple[float, ...]]:
+    """``--fold-capacity``'s value ``label``: a number, or ``record``: a share a gate from the record's
+    fold masks as the replay forces them (``serving.graphs.capacity_from_masks``)."""
+    if label != "record":
+        return label, float(label)
+    from specfold_compile.decoding.step_forcing import recorded_gates
+    from specfold_compile.serving.graphs import capacity_from_masks
+
+    masks = [c["fold_masks"] for r in recorded for c in r["forced"]["calls"] if c.get("fold_masks") is not None]
+    return label, capacity_from_masks(m[recorded_gates(m.shape[0], gates)] for m in masks)
+
+
 def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workload, args, cuda: bool,
-                 recorded_by: str, graphed: bool = False) -> list[dict]:
+                 recorded_by: str, graphed: bool = False, capacity: tuple | None = None) -> list[dict]:
     """Every concurrency of one mode (engine mode ``kind``; the layers compiled if ``mode`` says so) on one
     attention path, launched or (``graphed``) replayed from one ``BatchGraphs`` shared by its engines,
-    after its own warm-up (with graphs: a pass at every concurrency, capturing its buckets)."""
+    after its own warm-up (with graphs: a pass at every concurrency, capturing its buckets). ``capacity``:
+    SpecFold's graphs' ``(label, fold_capacity)``."""
     rows = []
     graphs = None
     if graphed:
         from specfold_compile.serving.graphs import BatchGraphs
 
-        graphs = BatchGraphs(model, max(args.concurrency), args.capacity, "cuda" if cuda else "eager")
+        graphs = BatchGraphs(model, max(args.concurrency), args.capacity, "cuda" if cuda else "eager",
+                             **({} if capacity is None else {"fold_capacity": capacity[1]}),
+                             min_packed=args.min_packed)
     with _compiled_layers(model, args.compile_backend) if mode != kind else contextlib.nullcontext():
         t0 = time.perf_counter()
         # warm-up (compiles; a single request's row counts of 1 too, which dynamic shapes specialize)
@@ -319,6 +336,8 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
                    "cuda_graphs": graphed, "captures_while_timed": (graphs.captures - captured) if graphed else 0,
                    "arrival": args.arrival if args.arrival == "closed" else f"poisson {args.rate:g}/s",
                    "record": {"model": recorded_by, "mode": kind}}
+            if capacity is not None:
+                row.update(fold_capacity=capacity[0], fold_shares=capacity[1], min_packed=args.min_packed)
             rows.append(row)
             print(json.dumps(row), flush=True)
         if args.profile:
@@ -364,6 +383,13 @@ def main(argv=None) -> int:
     ap.add_argument("--cuda-graphs", default="off", choices=("off", "on", "off,on"),
                     help="replay: the engine's passes launched (off) or replayed from CUDA graphs (on; ragged "
                          "attention only; 'off,on' both, a row's cuda_graphs says which)")
+    ap.add_argument("--fold-capacity", default="0.5",
+                    help="replay with --cuda-graphs on, SpecFold: the share of draft positions a graph's gate packs, "
+                         "comma-separated values each a number in (0, 1] or 'record' (a share a gate from the "
+                         "record's fold masks, serving.graphs.capacity_from_masks); each value its own rows")
+    ap.add_argument("--min-packed", type=int, default=None,
+                    help="replay with --cuda-graphs on, SpecFold: positions a gate packs at least (default: "
+                         "serving.graphs.MIN_PACKED)")
     ap.add_argument("--pool-tokens", type=int, default=None,
                     help="replay: each slot of the engine's KV pool holds this many positions (default: what the "
                          "record's requests need)")
@@ -406,6 +432,16 @@ def main(argv=None) -> int:
     check_output(ap, out)
     args.out_of_memory = []
     args.cuda_graphs = tuple(v == "on" for v in args.cuda_graphs.split(","))
+    args.fold_capacity = tuple(args.fold_capacity.split(","))
+    from specfold_compile.serving.graphs import MIN_PACKED, check_fold_capacity
+
+    try:
+        for value in args.fold_capacity:
+            if value != "record":
+                check_fold_capacity(float(value))
+    except ValueError:
+        ap.error(f"--fold-capacity: expected numbers in (0, 1] or 'record', comma-separated, got {value!r}")
+    args.min_packed = MIN_PACKED if args.min_packed is None else args.min_packed
     return run_command(ap, args, out, record, replay, "batched", lambda trace: {
         "trace": args.trace, "record_model": trace["model"], "recorded_requests": len(trace["requests"]),
         "requests": args.requests, "per_slot": args.per_slot, "arrival": args.arrival, "rate": args.rate,

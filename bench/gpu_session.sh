@@ -123,13 +123,14 @@ case "$part" in
                   # each shape at concurrency 1, 4, 16, 64: vanilla, Spiffy (eager and Inductor) and SpecFold on the
                   # ragged attention path, 2 timed runs a point, at 7B 4096 positions a slot (~2-3 min a shape); ARGS go to
                   # the replays (e.g. --cuda-graphs on: the engine's passes from CUDA graphs, ~45 s a mode at 1.5B and
-                  # ~75 s at 7B); one shape per call: BATCHED_MODELS=fast-dllm-v2-7b bash ... batched
+                  # ~75 s at 7B); one shape per call: BATCHED_MODELS=fast-dllm-v2-7b bash ... batched; other modes:
+                  # BATCHED_MODES=specfold,specfold_compiled ... batched --cuda-graphs on --fold-capacity 0.5,record
                   [ -f "$OUT/batched_trace.pt" ] || python -m bench.batched record --out "$OUT/batched_trace.pt" 2>&1 \
                     | tee -a "$OUT/log.txt"
                   for m in ${BATCHED_MODELS:-fast-dllm-v2-1.5b fast-dllm-v2-7b}; do
                     pool=(); [ "$m" = fast-dllm-v2-7b ] && pool=(--pool-tokens 4096)
                     python -m bench.batched replay --trace "$OUT/batched_trace.pt" --device cuda --models "$m" \
-                      --attention ragged --modes vanilla,spiffy,spiffy_compiled,specfold --repeats 2 "${pool[@]}" \
+                      --attention ragged --modes "${BATCHED_MODES:-vanilla,spiffy,spiffy_compiled,specfold}" --repeats 2 "${pool[@]}" \
                       --out "$OUT/batched_$m.json" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
                   done
                   python -m bench.plot "$OUT/batched.json" "$OUT"/batched_fast-dllm-v2-*.json ;;

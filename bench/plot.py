@@ -35,7 +35,8 @@ def serving_series(row: dict) -> str:
     """A batched row's series: its mode, with ``+ragged`` when the engine attended through the ragged
     kernel (``attention="ragged"``; the plain mode name is per-request attention)."""
     return row["mode"] + ("+ragged" if row.get("attention") == "ragged" else "") + (
-        "+graphs" if row.get("cuda_graphs") else "")
+        "+graphs" if row.get("cuda_graphs") else "") + (
+        f"+capacity {row['fold_capacity']}" if row.get("fold_capacity") not in (None, "0.5") else "")
 
 
 def _rows(path: Path) -> list[dict]:
@@ -270,7 +271,7 @@ def _point(row: dict) -> tuple:
     with or without fused block boundaries) or a batched one (``concurrency``, ``arrival``, ``attention``)."""
     return tuple(row.get(k) for k in ("model", "prefix", "n_branches", "mode", "target_ratio", "what", "part", "task",
                                       "trace_driven", "fuse_boundaries", "concurrency", "arrival", "attention",
-                                      "cuda_graphs"))
+                                      "cuda_graphs", "fold_capacity"))
 
 
 def merge_results(out: str | Path, inputs: list[str | Path]) -> Path:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from bench.report_batched import render_batched, render_batched_headline
+from bench.report_batched import render_batched, render_batched_headline, render_packed_rows
 from bench.tables import E2E_MODES, SHAPES
 from bench.tables import first_matching as _one, fmt as _f, markdown_table as _table, matching as _rows
 
@@ -345,7 +345,8 @@ SECTIONS = [
     Section("Many requests at once: the serving engine", "h200/batched.json",
             "python -m bench.batched record --out batched_trace.pt, then python -m bench.batched replay --trace "
             "batched_trace.pt --device cuda --attention ragged --models MODEL --modes "
-            "vanilla,spiffy,spiffy_compiled,specfold --concurrency 1,4,16,64 --repeats 2 --out RUN.json (one run "
+            "vanilla,spiffy,spiffy_compiled,specfold --concurrency 1,4,16,64 --repeats 2 [--cuda-graphs on "
+            "--fold-capacity 0.5,record] --out RUN.json (one run "
             "per shape: fast-dllm-v2-1.5b, and fast-dllm-v2-7b with --pool-tokens 4096), merged with python -m "
             "bench.plot bench/results/h200/batched.json RUN.json ...",
             "The serving `Engine` (docs/serving.md) at each concurrency C (its slots), random bf16 weights of the "
@@ -353,17 +354,26 @@ SECTIONS = [
             "model's request served through the engine (trace reproduced: every request did). Closed arrivals: C "
             "clients, each sending its next request as its last one ends; "
             "tokens/s: all requests' tokens over the wall time, latency per request from its admission; peak "
-            "memory: `torch.cuda.max_memory_allocated()` (weights, KV pool, activations). Every mode runs the "
-            "engine's batched forward launched from Python (no CUDA graphs) with ragged attention (one "
-            "`specfold::ragged_attention` launch a layer over every request's rows); Spiffy, Inductor compiles "
-            "each decoder layer's position-wise pieces (dynamic shapes); SpecFold (tau 0.1) is the batched "
-            "folded forward (`serving/folded.py`: origins by pointer jumping, one host read a gate) with each "
-            "call's recorded fold masks forced. Of the 2 timed runs a point the slower one is kept. At 7B every "
-            "slot holds 4096 positions (KV pool of 64 requests x 4096 tokens: 14.0 GiB). The engine is "
-            "host-bound at these shapes, and repeated runs of the same point differ by up to a half (the next "
-            "section's single runs of some of the same points: 7B Spiffy at 4 requests, 156 there against 339 "
-            "here).",
+            "memory: `torch.cuda.max_memory_allocated()` (weights, KV pool, activations). Rows without CUDA "
+            "graphs run the engine's batched forward launched from Python, rows with them (`--cuda-graphs on`) "
+            "replay it, the block writes and the prefills (`serving/graphs.py`); both with ragged attention (one "
+            "`specfold::ragged_attention` launch a layer over every request's rows). Inductor compiles each "
+            "decoder layer's position-wise pieces (dynamic shapes); SpecFold (tau 0.1) is the batched folded "
+            "forward with each call's recorded fold masks forced; with graphs each gate packs a fixed capacity "
+            "(`--fold-capacity`: 0.5 of the draft positions, or, 'capacity a gate', each gate's share of the "
+            "record's computed positions times 1.5, `serving.graphs.capacity_from_masks`), at least 256 "
+            "positions. Of the 2 timed runs a point the slower one is kept. At 7B every slot holds 4096 "
+            "positions (KV pool of 64 requests x 4096 tokens: 14.0 GiB). Launched, the engine is host-bound at "
+            "these shapes, and repeated runs of the same point differ by up to a half (the next section's single "
+            "runs of some of the same points: 7B Spiffy at 4 requests, 156 there against 339 here).",
             render_batched),
+    Section("What a packed batch of rows costs a decoder layer", "h200/packed_rows.json",
+            "python -m bench.packed_rows --models fast-dllm-v2-1.5b,fast-dllm-v2-7b",
+            "One decoder layer's position-wise parts (q/k/v with RoPE, output projection, MLP), random bf16 "
+            "weights of each shape, over M packed rows: the median of 30 replays of its CUDA graph, each between "
+            "two events. Below about 256 rows the time hardly falls with the rows (the weights' "
+            "read): the floor under a SpecFold gate's packed positions (`serving.graphs.MIN_PACKED`).",
+            render_packed_rows),
     Section("The serving engine's attention paths", "h200/batched_attention.json",
             "python -m bench.batched replay --trace batched_trace.pt --device cuda --models MODEL --modes MODES "
             "--attention PATH --concurrency CS, single runs in one device session: fast-dllm-v2-1.5b SpecFold "

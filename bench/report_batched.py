@@ -20,6 +20,10 @@ def _series(data: dict) -> list[str]:
 
 def _series_label(series: str) -> str:
     mode, *paths = series.split("+")
+    capacity = next((p.removeprefix("capacity ") for p in paths if p.startswith("capacity ")), None)
+    if capacity is not None:  # SpecFold's graphs packing another share than the default's
+        return _series_label(series.removesuffix(f"+capacity {capacity}")) + (
+            ", capacity a gate" if capacity == "record" else f", capacity {capacity}")
     if "graphs" in paths:  # the graphs replay the ragged kernel
         return SERVED_MODES.get(mode, mode) + ", CUDA graphs"
     return SERVED_MODES.get(mode, mode) + (", ragged" if "ragged" in paths else "")
@@ -60,3 +64,14 @@ def render_batched(data: dict) -> list[str]:
     header = ["shape", "mode", "concurrency", "requests", "tokens/s", "p50 latency (ms)", "p99 latency (ms)",
               "rows per forward (mean / max)", "peak memory (GiB)", "KV pool (GiB)", "trace reproduced"]
     return [f"Arrivals: {arrival}.", ""] + markdown_table(header, rows) + [""]
+
+
+def render_packed_rows(data: dict) -> list[str]:
+    """One decoder layer's position-wise GEMMs by packed row count, a column a shape (``bench.packed_rows``)."""
+    models = list(dict.fromkeys(r["model"] for r in data["rows"]))
+    counts = sorted({r["rows"] for r in data["rows"]})
+    cell = {(r["model"], r["rows"]): r for r in data["rows"]}
+    rows = [[str(n)] + [("" if (m, n) not in cell else
+                         f"{cell[m, n]['us']:.0f} ({cell[m, n]['us_per_row']:.2f} a row)") for m in models]
+            for n in counts]
+    return markdown_table(["packed rows"] + [f"{SHAPES.get(m, m)} (us)" for m in models], rows) + [""]

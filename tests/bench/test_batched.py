@@ -223,3 +223,20 @@ def test_cuda_graphs_replay_the_record_and_lead_the_headline(trace, tmp_path):
     table = report.render_batched_headline({"rows": rows})
     assert table[0] == "| shape | concurrency | vanilla, CUDA graphs (tokens/s) | vanilla, CUDA graphs p50 / p99 (ms) |"
     assert len({plot._point(r) for r in rows}) == 2  # a merge keeps both
+
+
+def test_fold_capacity_record_gives_a_share_a_gate(trace, tmp_path):
+    """``--fold-capacity 0.5,record --min-packed 0``: SpecFold's graphs packing half the draft positions,
+    then each gate's share of the record's (``capacity_from_masks`` over the forced masks), each its own
+    series; both make the recorded calls."""
+    rows = _replay(trace, tmp_path / "capacity.json", "--modes", "specfold", "--cuda-graphs", "on", "--attention",
+                   "ragged", "--fold-capacity", "0.5,record", "--min-packed", "0", "--concurrency", "2",
+                   "--requests", "2", "--per-slot", "1")["rows"]
+    assert [r["fold_capacity"] for r in rows] == ["0.5", "record"]
+    assert all(r["trace_reproduced"] is True and r["min_packed"] == 0 for r in rows)
+    shares = rows[1]["fold_shares"]
+    assert rows[0]["fold_shares"] == 0.5 and isinstance(shares, list) and all(0 < s <= 1 for s in shares)
+    assert [plot.serving_series(r) for r in rows] == ["specfold+ragged+graphs", "specfold+ragged+graphs+capacity record"]
+    assert len({plot._point(r) for r in rows}) == 2
+    header = report.render_batched_headline({"rows": rows})[0]
+    assert "SpecFold, CUDA graphs, capacity a gate (tokens/s)" in header

@@ -9,7 +9,7 @@ PAGE = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text()
 
 def test_serving_examples_run():
     blocks = re.findall(r"```python\n(.*?)```", PAGE, flags=re.S)
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     out = io.StringIO()
     scope: dict = {}
     with contextlib.redirect_stdout(out):
@@ -25,3 +25,6 @@ def test_serving_examples_run():
     assert lines[-3:-1] == ["[True, True, True]", "True"]
     assert lines[-1] == f"recompute ratio {folding.stats.recompute_ratio:.2f}"
     assert 0 < folding.stats.recompute_ratio < 1 and folding.stats.folded_draft_positions > 0
+    shares, served = scope["shares"], scope["served"]
+    assert len(shares) == len(engine.model.layers) and all(0 < x <= 1 for x in shares)
+    assert served.graphs.fold_capacity == shares
