@@ -13,7 +13,8 @@ Public API::
     generate(model, prompt_ids | [prompt_ids, ...], ...)   # one prompt: decoding.generate; a list: batched
     KVPool(model, max_requests, max_tokens_per_request), PoolExhausted
     verify_batch_folded(model, pool, slots, rows, parents, logit_positions, tau)  # the folded forward
-    BatchGraphs(model, max_requests, max_tokens_per_request, fold_capacity=0.5, min_packed=512)  # shareable
+    BatchGraphs(model, max_requests, max_tokens_per_request, fold_capacity=0.5, min_packed=256,
+                capacity_spread=4.0)  # the CUDA graphs of the passes, shareable
     capacity_from_masks([fold_masks, ...]) -> fold_capacity a gate, from earlier requests' fold masks
 """
 

@@ -119,9 +119,10 @@ class Engine:
     ``"ragged"``); ``"eager"`` the same bookkeeping with the passes called again (the CPU path); or a
     ``BatchGraphs`` to share its pool and graphs between engines of one model (at most its slots, its
     ``max_tokens_per_request``). ``fold_capacity``: with graphs under SpecFold, the share of the draft
-    rows' positions a gate packs, one number or one a gate (``graphs``' module docstring,
-    ``graphs.capacity_from_masks``; a forward that computes more is replayed again at a larger
-    capacity, ``stats.overflows``); a shared ``BatchGraphs`` keeps its own (and its ``gate``)."""
+    rows' positions a gate is expected to compute, one number or one a gate, which its graphs pack with
+    a margin (``graphs``' module docstring, ``graphs.capacity_from_masks``; a forward that computes more
+    is replayed again at a larger capacity, ``stats.overflows``); a shared ``BatchGraphs`` keeps its own
+    (and its ``gate``, ``min_packed``, ``capacity_spread``)."""
 
     def __init__(self, model, max_requests: int = 8, max_tokens_per_request: int = 1024, mode: str = "vanilla",
                  draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None,

@@ -25,16 +25,18 @@ next replay.
 
 SpecFold without reading a count: each gate of a graph packs a fixed number of positions, its
 capacity: every position of the requests' main rows plus its share (``fold_capacity``: one number for
-every gate, or one a gate) of the draft rows' positions, both counts rounded up by at most an eighth
-(``fine_bucket``), and at least ``min_packed`` positions (below that a GEMM costs what reading its
-weights costs, so packing fewer saves little); every position at ``tau = 0``, which folds nothing. A gate resolves its origins and puts its computed positions first
-(``FoldChains.resolve``, no host read), and the first ``capacity`` of them go through the GEMMs. A gate
-that computes more sets the overflow flag, read back with the fold masks; the forward is then replayed
-from the graph of the next capacity level (every share doubled, up to every position, which cannot
-overflow; its inputs are the same and a verification forward writes nothing), so an overflow costs a
-replay, never a token. The deeper layers of a model fold less than the first ones, so a share a gate
-(``capacity_from_masks``, from the fold masks of earlier requests) packs fewer rows than one share for
-all.
+every gate, or one a gate: the share of draft positions it is expected to compute) of the draft rows'
+positions, times a margin ``1 + capacity_spread / sqrt(D)`` for ``D`` draft rows (the mean share of
+many rows strays less from its expectation than that of a few), both counts rounded up by at most an
+eighth (``fine_bucket``), and at least ``min_packed`` positions (below that a GEMM costs what reading
+its weights costs, so packing fewer saves little); every position at ``tau = 0``, which folds nothing.
+A gate resolves its origins and puts its computed positions first (``FoldChains.resolve``, no host
+read), and the first ``capacity`` of them go through the GEMMs. A gate that computes more sets the
+overflow flag, read back with the fold masks; the forward is then replayed from the graph of the next
+capacity level (every share doubled, up to every position, which cannot overflow; its inputs are the
+same and a verification forward writes nothing), so an overflow costs a replay, never a token. The
+deeper layers of a model fold less than the first ones, so a share a gate (``capacity_from_masks``,
+from the fold masks of earlier requests) packs fewer rows than one share for all.
 
 Block writes: one graph per padded block count; each block's K/V go into its slot at its length by one
 indexed copy a layer (the padding's into the pool's spare slot), and the graph gives each block's next
@@ -61,12 +63,15 @@ from .forward import row_bounds
 from .pool import KVPool
 
 __all__ = ["BatchGraphs", "VerifyResult", "row_bucket", "request_bucket", "fine_bucket", "capacity_from_masks",
-           "REPLAYS", "MIN_PACKED"]
+           "REPLAYS", "MIN_PACKED", "CAPACITY_SPREAD"]
 
 SMALLEST_BUCKET = 8
 # positions a SpecFold gate packs at least (module docstring): on an H200 one 7B layer's position-wise
 # GEMMs take 247 / 316 / 504 us at 128 / 256 / 512 rows, then grow with the rows (bench.packed_rows)
 MIN_PACKED = 256
+# the margin a graph packs over a gate's share: 1 + CAPACITY_SPREAD / sqrt(draft rows), as the computed
+# share of D draft rows strays from its mean by about 1 / sqrt(D) of it (module docstring)
+CAPACITY_SPREAD = 4.0
 
 
 def row_bucket(n: int, least: int = SMALLEST_BUCKET) -> int:
@@ -105,7 +110,7 @@ def check_fold_capacity(value, gates: int | None = None) -> float | tuple[float,
     return float(value)
 
 
-def capacity_from_masks(fold_masks, margin: float = 1.5, step: float = 1 / 32) -> tuple[float, ...]:
+def capacity_from_masks(fold_masks, margin: float = 1.0, step: float = 1 / 32) -> tuple[float, ...]:
     """A ``fold_capacity`` a gate from fold masks of earlier forwards (bool ``[G, N, B]`` each, row 0 the
     main branch: ``RequestOutput.fold_masks``): each gate's share of draft positions computed, times
     ``margin``, rounded up to a multiple of ``step`` (so that nearby workloads give the same graphs),
@@ -172,18 +177,24 @@ class BatchGraphs:
     """The engine's batched passes as graph replays (module docstring), over their own ``KVPool`` (with a
     spare slot): ``pool``. Keep one across engines of one model (``Engine(cuda_graphs=graphs)``, each
     engine's slots at most the pool's) to reuse its graphs. ``fold_capacity``: the share of the draft
-    rows' positions a SpecFold gate packs, one for all or one a gate (module docstring), ``min_packed``
-    the positions it packs at least; ``gate``: SpecFold's gates, as in ``folded.verify_batch_folded``."""
+    rows' positions a SpecFold gate is expected to compute, one for all or one a gate (module docstring),
+    ``capacity_spread`` the margin a graph packs over it, ``min_packed`` the positions a gate packs at
+    least; ``gate``: SpecFold's gates, as in ``folded.verify_batch_folded``."""
 
     def __init__(self, model, max_requests: int, max_tokens_per_request: int, replay: str = "cuda",
-                 fold_capacity: float | tuple[float, ...] = 0.5, gate: str = "layer", min_packed: int = MIN_PACKED):
+                 fold_capacity: float | tuple[float, ...] = 0.5, gate: str = "layer", min_packed: int = MIN_PACKED,
+                 capacity_spread: float = CAPACITY_SPREAD):
         if replay not in REPLAYS:
             raise ValueError(f"replay: expected one of {REPLAYS}, got {replay!r}")
         check_gate(gate)
         if isinstance(min_packed, bool) or not isinstance(min_packed, int) or min_packed < 0:
             raise ValueError(f"min_packed: expected an int >= 0 (positions a gate packs at least), got "
                              f"{min_packed!r}")
+        if isinstance(capacity_spread, bool) or not isinstance(capacity_spread, (int, float)) or not capacity_spread >= 0:
+            raise ValueError(f"capacity_spread: expected a number >= 0 (the margin over a gate's share is "
+                             f"spread / sqrt(draft rows)), got {capacity_spread!r}")
         self.model, self.replay, self.gate, self.min_packed = model, replay, gate, min_packed
+        self.capacity_spread = float(capacity_spread)
         n_gates = gate_count(len(model.layers), gate)
         self.fold_capacity = check_fold_capacity(fold_capacity, n_gates)
         self._shares = (self.fold_capacity if isinstance(self.fold_capacity, tuple)
@@ -264,14 +275,16 @@ class BatchGraphs:
     def _capacity(self, r_pad: int, n_req: int, n_rows: int, tau: float, level: int = 0) -> tuple[int, ...]:
         """The positions each gate of a SpecFold graph packs, for ``n_req`` requests of ``n_rows`` rows in
         all padded to ``r_pad``: every position at tau = 0; else the main rows' positions and the gate's
-        share of the draft rows' (each share doubled ``level`` times, at most 1), both counts first
-        rounded up by ``fine_bucket`` (so that nearby batches share a graph), and at least
-        ``min_packed``."""
+        share of the draft rows', times ``1 + capacity_spread / sqrt(draft rows)`` (doubled ``level``
+        times, at most 1), both counts first rounded up by ``fine_bucket`` (so that nearby batches share
+        a graph), and at least ``min_packed``."""
         full = r_pad * self.block
         if float(tau) == 0:
             return (full,) * len(self._shares)
-        mains, drafts = fine_bucket(n_req) * self.block, fine_bucket(n_rows - n_req) * self.block
-        return tuple(min(full, max(self.min_packed, mains + math.ceil(min(1.0, s * 2 ** level) * drafts)))
+        n_drafts = fine_bucket(n_rows - n_req)
+        mains, drafts = fine_bucket(n_req) * self.block, n_drafts * self.block
+        margin = (1 + self.capacity_spread / math.sqrt(max(n_drafts, 1))) * 2 ** level
+        return tuple(min(full, max(self.min_packed, mains + math.ceil(min(1.0, s * margin) * drafts)))
                      for s in self._shares)
 
     def _verify_call(self, graph: _Graph, r_pad: int, q_pad: int, m_pad: int, confidence_dtype: str, folded: bool,

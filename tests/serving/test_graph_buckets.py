@@ -1,5 +1,7 @@
 """The buckets ``serving.graphs.BatchGraphs`` pads a pass to (rows, requests) and the positions a SpecFold
 graph's gates pack (``fine_bucket``, the capacity levels, ``capacity_from_masks``)."""
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -64,7 +66,7 @@ def test_capacity_levels():
     model = tiny_model(FAMILIES[0])
     block, gates = model.config.block_size, len(model.layers)
     shares = tuple([0.25] + [0.5] * (gates - 1))
-    graphs = BatchGraphs(model, 3, 32, "eager", fold_capacity=shares, min_packed=0)
+    graphs = BatchGraphs(model, 3, 32, "eager", fold_capacity=shares, min_packed=0, capacity_spread=0)
     r_pad, n_req, n_rows = 12, 3, 12  # 3 main rows, 9 draft rows
     others = 9 * block
     assert graphs._capacity(r_pad, n_req, n_rows, 0.3) == (3 * block + others // 4,) + (3 * block + others // 2,) * (gates - 1)
@@ -73,7 +75,11 @@ def test_capacity_levels():
     assert graphs._capacity(r_pad, n_req, n_rows, 0.0) == (r_pad * block,) * gates
     # 17 requests of 35 rows: 18 main rows and 18 draft rows packed (fine_bucket), the padding to 48 none
     assert graphs._capacity(48, 17, 35, 0.3, 1)[1:] == ((18 + 18) * block,) * (gates - 1)
-    floor = BatchGraphs(model, 3, 32, "eager", fold_capacity=shares, min_packed=6 * block)
+    # the margin: 1 + spread / sqrt(draft rows), here 1 + 1.5 / 3 over 9 draft rows
+    spread = BatchGraphs(model, 3, 32, "eager", fold_capacity=shares, min_packed=0, capacity_spread=1.5)
+    assert spread._capacity(r_pad, n_req, n_rows, 0.3)[0] == 3 * block + math.ceil(0.25 * 1.5 * others)
+    assert spread._capacity(r_pad, n_req, n_rows, 0.3)[1] == 3 * block + math.ceil(0.5 * 1.5 * others)
+    floor = BatchGraphs(model, 3, 32, "eager", fold_capacity=shares, min_packed=6 * block, capacity_spread=0)
     assert floor._capacity(r_pad, n_req, n_rows, 0.3)[0] == 6 * block
     assert floor._capacity(64, 3, 64, 0.3)[0] > 6 * block
     assert BatchGraphs(model, 3, 32, "eager")._capacity(r_pad, n_req, n_rows, 0.3) == (r_pad * block,) * gates

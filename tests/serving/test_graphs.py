@@ -89,7 +89,7 @@ def test_eager_graphs_decode_the_launched_tokens(family, mode, tau, attention):
     model = tiny_model(family)
     # SpecFold: no floor on the packed positions (the tiny rows are fewer than MIN_PACKED), so the
     # graphs pack fold_capacity of them
-    graphs = BatchGraphs(model, 2, MAX_TOKENS, "eager", min_packed=0) if mode == "specfold" else "eager"
+    graphs = BatchGraphs(model, 2, MAX_TOKENS, "eager", min_packed=0, capacity_spread=0) if mode == "specfold" else "eager"
     engine = Engine(model, 2, MAX_TOKENS, mode=mode, tau=tau, attention=attention, cuda_graphs=graphs)
     assert engine.attention == "ragged" and isinstance(engine.graphs, BatchGraphs)
     assert engine.pool is engine.graphs.pool and engine.graphs.replay == "eager"
@@ -224,6 +224,7 @@ def test_shared_graphs_are_refused_by_a_mismatched_engine():
     (lambda m: BatchGraphs(m, 2, 32, "eager", fold_capacity=(0.5,) * 5), r"^fold_capacity: .*, 2 of them, got 5"),
     (lambda m: BatchGraphs(m, 2, 32, "eager", fold_capacity=(0.5, 2)), r"^fold_capacity: .* got 2$"),
     (lambda m: BatchGraphs(m, 2, 32, "eager", min_packed=-1), r"^min_packed: expected an int >= 0"),
+    (lambda m: BatchGraphs(m, 2, 32, "eager", capacity_spread=-1), r"^capacity_spread: expected a number >= 0"),
 ])
 def test_graph_arguments_are_checked(make, match):
     if torch.cuda.is_available() and "CUDA device" in match:
