@@ -53,6 +53,7 @@ from pathlib import Path
 
 import torch
 
+from bench.batched_capacity import add_capacity_arguments, fold_capacity, parse_capacity_arguments
 from bench.batched_forcing import _Forcing, _Recording, _as
 from bench.common import check_output, write_profile
 from bench.trace_driven import parse_override, run_command, token_map
@@ -275,22 +276,10 @@ def replay(args, trace: dict, name: str) -> list[dict]:
                     continue  # the graphs replay the ragged kernel
                 for capacity in args.fold_capacity if graphed and kind == "specfold" else (None,):
                     rows += _replay_mode(model, name, mode, kind, attention, workload, args, cuda, trace["model"],
-                                         graphed, capacity and _capacity(capacity, recorded, len(model.layers)))
+                                         graphed, capacity and fold_capacity(capacity, recorded, len(model.layers)))
         if cuda:
             torch.cuda.empty_cache()
     return rows
-
-
-def _capacity(label: str, recorded: list[dict], gates: int) -> tuple[str, float | tuple[float, ...]]:
-    """``--fold-capacity``'s value ``label``: a number, or ``record``: a share a gate from the record's
-    fold masks as the replay forces them (``serving.graphs.capacity_from_masks``)."""
-    if label != "record":
-        return label, float(label)
-    from specfold_compile.decoding.step_forcing import recorded_gates
-    from specfold_compile.serving.graphs import capacity_from_masks
-
-    masks = [c["fold_masks"] for r in recorded for c in r["forced"]["calls"] if c.get("fold_masks") is not None]
-    return label, capacity_from_masks(m[recorded_gates(m.shape[0], gates)] for m in masks)
 
 
 def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workload, args, cuda: bool,
@@ -306,7 +295,7 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
 
         graphs = BatchGraphs(model, max(args.concurrency), args.capacity, "cuda" if cuda else "eager",
                              **({} if capacity is None else {"fold_capacity": capacity[1]}),
-                             min_packed=args.min_packed)
+                             min_packed=args.min_packed, capacity_spread=args.capacity_spread)
     with _compiled_layers(model, args.compile_backend) if mode != kind else contextlib.nullcontext():
         t0 = time.perf_counter()
         # warm-up (compiles; a single request's row counts of 1 too, which dynamic shapes specialize)
@@ -337,7 +326,8 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
                    "arrival": args.arrival if args.arrival == "closed" else f"poisson {args.rate:g}/s",
                    "record": {"model": recorded_by, "mode": kind}}
             if capacity is not None:
-                row.update(fold_capacity=capacity[0], fold_shares=capacity[1], min_packed=args.min_packed)
+                row.update(fold_capacity=capacity[0], fold_shares=capacity[1], min_packed=args.min_packed,
+                           capacity_spread=args.capacity_spread)
             rows.append(row)
             print(json.dumps(row), flush=True)
         if args.profile:
@@ -383,13 +373,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cuda-graphs", default="off", choices=("off", "on", "off,on"),
                     help="replay: the engine's passes launched (off) or replayed from CUDA graphs (on; ragged "
                          "attention only; 'off,on' both, a row's cuda_graphs says which)")
-    ap.add_argument("--fold-capacity", default="0.5",
-                    help="replay with --cuda-graphs on, SpecFold: the share of draft positions a graph's gate packs, "
-                         "comma-separated values each a number in (0, 1] or 'record' (a share a gate from the "
-                         "record's fold masks, serving.graphs.capacity_from_masks); each value its own rows")
-    ap.add_argument("--min-packed", type=int, default=None,
-                    help="replay with --cuda-graphs on, SpecFold: positions a gate packs at least (default: "
-                         "serving.graphs.MIN_PACKED)")
+    add_capacity_arguments(ap)
     ap.add_argument("--pool-tokens", type=int, default=None,
                     help="replay: each slot of the engine's KV pool holds this many positions (default: what the "
                          "record's requests need)")
@@ -432,16 +416,7 @@ def main(argv=None) -> int:
     check_output(ap, out)
     args.out_of_memory = []
     args.cuda_graphs = tuple(v == "on" for v in args.cuda_graphs.split(","))
-    args.fold_capacity = tuple(args.fold_capacity.split(","))
-    from specfold_compile.serving.graphs import MIN_PACKED, check_fold_capacity
-
-    try:
-        for value in args.fold_capacity:
-            if value != "record":
-                check_fold_capacity(float(value))
-    except ValueError:
-        ap.error(f"--fold-capacity: expected numbers in (0, 1] or 'record', comma-separated, got {value!r}")
-    args.min_packed = MIN_PACKED if args.min_packed is None else args.min_packed
+    parse_capacity_arguments(ap, args)
     return run_command(ap, args, out, record, replay, "batched", lambda trace: {
         "trace": args.trace, "record_model": trace["model"], "recorded_requests": len(trace["requests"]),
         "requests": args.requests, "per_slot": args.per_slot, "arrival": args.arrival, "rate": args.rate,

@@ -360,9 +360,10 @@ SECTIONS = [
             "`specfold::ragged_attention` launch a layer over every request's rows). Inductor compiles each "
             "decoder layer's position-wise pieces (dynamic shapes); SpecFold (tau 0.1) is the batched folded "
             "forward with each call's recorded fold masks forced; with graphs each gate packs a fixed capacity "
-            "(`--fold-capacity`: 0.5 of the draft positions, or, 'capacity a gate', each gate's share of the "
-            "record's computed positions times 1.5, `serving.graphs.capacity_from_masks`), at least 256 "
-            "positions. Of the 2 timed runs a point the slower one is kept. At 7B every slot holds 4096 "
+            "(`--fold-capacity`: a share of 0.5 of the draft positions, or, 'capacity a gate', each gate's "
+            "mean share of the record's computed positions, `serving.graphs.capacity_from_masks`, 'x M' that "
+            "times M), times 1 + spread / sqrt(draft rows) (a row's `capacity_spread`: 4, the default, for "
+            "'capacity a gate', 0 for the others), at least 256 positions. Of the 2 timed runs a point the slower one is kept. At 7B every slot holds 4096 "
             "positions (KV pool of 64 requests x 4096 tokens: 14.0 GiB). Launched, the engine is host-bound at "
             "these shapes, and repeated runs of the same point differ by up to a half (the next section's single "
             "runs of some of the same points: 7B Spiffy at 4 requests, 156 there against 339 here).",

@@ -22,8 +22,11 @@ def _series_label(series: str) -> str:
     mode, *paths = series.split("+")
     capacity = next((p.removeprefix("capacity ") for p in paths if p.startswith("capacity ")), None)
     if capacity is not None:  # SpecFold's graphs packing another share than the default's
-        return _series_label(series.removesuffix(f"+capacity {capacity}")) + (
-            ", capacity a gate" if capacity == "record" else f", capacity {capacity}")
+        if capacity.startswith("record"):  # record:M, each gate's mean share times M
+            word = ", capacity a gate" + (f" x {capacity.removeprefix('record:')}" if ":" in capacity else "")
+        else:
+            word = f", capacity {capacity}"
+        return _series_label(series.removesuffix(f"+capacity {capacity}")) + word
     if "graphs" in paths:  # the graphs replay the ragged kernel
         return SERVED_MODES.get(mode, mode) + ", CUDA graphs"
     return SERVED_MODES.get(mode, mode) + (", ragged" if "ragged" in paths else "")

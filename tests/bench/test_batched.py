@@ -226,17 +226,27 @@ def test_cuda_graphs_replay_the_record_and_lead_the_headline(trace, tmp_path):
 
 
 def test_fold_capacity_record_gives_a_share_a_gate(trace, tmp_path):
-    """``--fold-capacity 0.5,record --min-packed 0``: SpecFold's graphs packing half the draft positions,
-    then each gate's share of the record's (``capacity_from_masks`` over the forced masks), each its own
-    series; both make the recorded calls."""
+    """``--fold-capacity record --min-packed 0``: SpecFold's graphs packing each gate's share of the
+    record's computed positions (``capacity_from_masks`` over the forced masks), their own series; the
+    recorded calls made. (One request: the graphs' ragged attention runs in the interpreter here.)"""
     rows = _replay(trace, tmp_path / "capacity.json", "--modes", "specfold", "--cuda-graphs", "on", "--attention",
-                   "ragged", "--fold-capacity", "0.5,record", "--min-packed", "0", "--concurrency", "2",
-                   "--requests", "2", "--per-slot", "1")["rows"]
-    assert [r["fold_capacity"] for r in rows] == ["0.5", "record"]
-    assert all(r["trace_reproduced"] is True and r["min_packed"] == 0 for r in rows)
-    shares = rows[1]["fold_shares"]
-    assert rows[0]["fold_shares"] == 0.5 and isinstance(shares, list) and all(0 < s <= 1 for s in shares)
-    assert [plot.serving_series(r) for r in rows] == ["specfold+ragged+graphs", "specfold+ragged+graphs+capacity record"]
-    assert len({plot._point(r) for r in rows}) == 2
-    header = report.render_batched_headline({"rows": rows})[0]
+                   "ragged", "--fold-capacity", "record", "--min-packed", "0", "--capacity-spread", "2",
+                   "--concurrency", "1", "--requests", "1", "--per-slot", "1")["rows"]
+    assert [(r["fold_capacity"], r["min_packed"], r["capacity_spread"]) for r in rows] == [("record", 0, 2.0)]
+    assert rows[0]["trace_reproduced"] is True
+    shares = rows[0]["fold_shares"]
+    assert isinstance(shares, list) and all(0 < s <= 1 for s in shares)
+    half = {**rows[0], "fold_capacity": "0.5", "fold_shares": 0.5}
+    assert [plot.serving_series(r) for r in (half, rows[0])] == ["specfold+ragged+graphs",
+                                                                 "specfold+ragged+graphs+capacity record"]
+    assert len({plot._point(r) for r in (half, rows[0])}) == 2  # a merge keeps both
+    header = report.render_batched_headline({"rows": [half, rows[0], {**half, "fold_capacity": "record:1.5"}]})[0]
     assert "SpecFold, CUDA graphs, capacity a gate (tokens/s)" in header
+    assert "SpecFold, CUDA graphs, capacity a gate x 1.5 (tokens/s)" in header
+
+
+def test_fold_capacity_values_are_checked(capsys):
+    for bad in ("0", "1.5", "record:0", "half"):
+        with pytest.raises(SystemExit):
+            batched.main(["replay", "--device", "cpu", "--trace", "t.pt", "--fold-capacity", f"0.5,{bad}"])
+        assert "--fold-capacity: expected numbers in (0, 1], 'record' or 'record:MARGIN'" in capsys.readouterr().err
