@@ -16,9 +16,9 @@ from specfold_compile.serving import BatchGraphs, Engine, RequestParams
 from specfold_compile.testing import TINY_FAMILIES, tiny_model
 
 MODES = (("vanilla", None), ("spiffy", None), ("specfold", 0.0), ("specfold", 0.3))
-# SpecFold at tau = 0.3 also on graphs that pack a tenth of the draft positions, no floor: packed
+# SpecFold at tau = 0.3 also on graphs that pack a tenth of the draft positions, no floor nor margin: packed
 # GEMMs smaller than the rows, and overflowed forwards replayed at the next capacity
-PACKED = dict(fold_capacity=0.1, min_packed=0)
+PACKED = dict(fold_capacity=0.1, min_packed=0, capacity_spread=0)
 
 
 def decode(model, mode: str, tau, graphs, requests: int = 12) -> tuple[list, list, float]:
