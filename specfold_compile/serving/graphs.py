@@ -99,7 +99,7 @@ def request_bucket(n: int) -> int:
 def check_fold_capacity(value, gates: int | None = None) -> float | tuple[float, ...]:
     """``fold_capacity``: a number in (0, 1], or a sequence of them, one a gate (``gates`` of them when
     given); a one-line error naming the argument otherwise."""
-    what = "a number in (0, 1] or a sequence of them, one a gate (the share of draft positions a gate packs)"
+    what = "a number in (0, 1] or a sequence of them, one a gate (the share of draft positions a gate computes)"
     if isinstance(value, (list, tuple)):
         if not value or (gates is not None and len(value) != gates):
             raise ValueError(f"fold_capacity: expected {what}{f', {gates} of them' if gates else ''}, got "
@@ -190,7 +190,8 @@ class BatchGraphs:
         if isinstance(min_packed, bool) or not isinstance(min_packed, int) or min_packed < 0:
             raise ValueError(f"min_packed: expected an int >= 0 (positions a gate packs at least), got "
                              f"{min_packed!r}")
-        if isinstance(capacity_spread, bool) or not isinstance(capacity_spread, (int, float)) or not capacity_spread >= 0:
+        if (isinstance(capacity_spread, bool) or not isinstance(capacity_spread, (int, float))
+                or not capacity_spread >= 0):
             raise ValueError(f"capacity_spread: expected a number >= 0 (the margin over a gate's share is "
                              f"spread / sqrt(draft rows)), got {capacity_spread!r}")
         self.model, self.replay, self.gate, self.min_packed = model, replay, gate, min_packed
@@ -288,7 +289,7 @@ class BatchGraphs:
                      for s in self._shares)
 
     def _verify_call(self, graph: _Graph, r_pad: int, q_pad: int, m_pad: int, confidence_dtype: str, folded: bool,
-                     depth: int, capacity: int):
+                     depth: int, capacity: tuple[int, ...]):
         model, block, pool = self.model, self.block, self.pool
         sizes = [r_pad * block, r_pad, q_pad + 1, q_pad, q_pad, m_pad] + ([r_pad, r_pad] if folded else [])
         tokens, starts, bounds, slots, lengths, hidden, *rest = graph.inputs.split(sizes)

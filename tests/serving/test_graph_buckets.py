@@ -69,7 +69,8 @@ def test_capacity_levels():
     graphs = BatchGraphs(model, 3, 32, "eager", fold_capacity=shares, min_packed=0, capacity_spread=0)
     r_pad, n_req, n_rows = 12, 3, 12  # 3 main rows, 9 draft rows
     others = 9 * block
-    assert graphs._capacity(r_pad, n_req, n_rows, 0.3) == (3 * block + others // 4,) + (3 * block + others // 2,) * (gates - 1)
+    assert graphs._capacity(r_pad, n_req, n_rows, 0.3) == \
+        (3 * block + others // 4,) + (3 * block + others // 2,) * (gates - 1)
     assert graphs._capacity(r_pad, n_req, n_rows, 0.3, 1) == (3 * block + others // 2,) + (r_pad * block,) * (gates - 1)
     assert graphs._capacity(r_pad, n_req, n_rows, 0.3, 2) == (r_pad * block,) * gates
     assert graphs._capacity(r_pad, n_req, n_rows, 0.0) == (r_pad * block,) * gates

@@ -1,8 +1,9 @@
 """The engine's batched passes replayed from graphs bucketed by rows (``serving.graphs.BatchGraphs``), run
 here with ``replay="eager"`` (the same static buffers, padding and bookkeeping, the function called again
 instead of a CUDA graph): the engine's tokens, stats and fold masks against the launched engine with
-ragged attention, overflowed forwards replayed at a larger capacity, graphs shared between engines, the pool's spare slot
-taking the padding's block writes, and one replayed verification forward against ``verify_batch``."""
+ragged attention, overflowed forwards replayed at a larger capacity, graphs shared between engines, the
+pool's spare slot taking the padding's block writes, and one replayed verification forward against
+``verify_batch``."""
 import copy
 import functools
 
@@ -89,7 +90,9 @@ def test_eager_graphs_decode_the_launched_tokens(family, mode, tau, attention):
     model = tiny_model(family)
     # SpecFold: no floor on the packed positions (the tiny rows are fewer than MIN_PACKED), so the
     # graphs pack fold_capacity of them
-    graphs = BatchGraphs(model, 2, MAX_TOKENS, "eager", min_packed=0, capacity_spread=0) if mode == "specfold" else "eager"
+    graphs = "eager"
+    if mode == "specfold":
+        graphs = BatchGraphs(model, 2, MAX_TOKENS, "eager", min_packed=0, capacity_spread=0)
     engine = Engine(model, 2, MAX_TOKENS, mode=mode, tau=tau, attention=attention, cuda_graphs=graphs)
     assert engine.attention == "ragged" and isinstance(engine.graphs, BatchGraphs)
     assert engine.pool is engine.graphs.pool and engine.graphs.replay == "eager"
