@@ -43,7 +43,6 @@ under ``torch.profiler`` and writes its operator table to DIR::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -59,8 +58,7 @@ from bench.common import check_output, write_profile
 from bench.trace_driven import parse_override, run_command, token_map
 
 CONCURRENCY = (1, 4, 16, 64)
-COMPILED = "_compiled"  # a mode's suffix: the model's position-wise layers compiled by Inductor
-POSITION_WISE = ("qkv", "attn_out", "mlp_out")  # DecoderLayer's pieces the engine runs over all rows at once
+COMPILED = "_compiled"  # a mode's suffix: the engine's compile_layers (its position-wise layer pieces compiled)
 
 
 def serving_modes() -> tuple[str, ...]:
@@ -71,29 +69,11 @@ def serving_modes() -> tuple[str, ...]:
 
 
 def replay_modes() -> tuple[str, ...]:
-    """The served modes and ``spiffy_compiled``: the engine's Spiffy with every decoder layer's
-    position-wise pieces (norms, q/k/v and output projections, RoPE, MLP) compiled by Inductor with
-    dynamic shapes; attention and the LM head run eagerly per request, as the engine runs them."""
+    """The served modes and ``spiffy_compiled`` / ``specfold_compiled``: the engine's mode with
+    ``Engine(compile_layers=--compile-backend)``, every decoder layer's position-wise pieces (norms,
+    q/k/v and output projections, RoPE, MLP) compiled with dynamic shapes (``serving.compiled``)."""
     served = serving_modes()
     return served + tuple(m + COMPILED for m in ("spiffy", "specfold") if m in served)
-
-
-class _compiled_layers:
-    """Inside: each decoder layer's ``POSITION_WISE`` methods of ``model`` are ``torch.compile``d
-    (``dynamic=True``; one graph a method serves every layer); on exit the layers' own methods again."""
-
-    def __init__(self, model, backend: str):
-        self.model, self.backend = model, backend
-
-    def __enter__(self):
-        for layer in self.model.layers:
-            for name in POSITION_WISE:
-                setattr(layer, name, torch.compile(getattr(layer, name), dynamic=True, backend=self.backend))
-
-    def __exit__(self, *exc):
-        for layer in self.model.layers:
-            for name in POSITION_WISE:
-                delattr(layer, name)  # the instance attribute: the class's method shows again
 
 
 def record(args) -> dict:
@@ -172,10 +152,11 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: bool,
-          attention: str = "auto", graphs=None) -> dict:
+          attention: str = "auto", graphs=None, compile_layers: bool | str = False) -> dict:
     """One timed run: ``requests`` (recorded request, forced tensors, mapped prompt) served by an engine of
     ``concurrency`` slots as they arrive; the row's numbers and whether every request followed its record.
-    ``graphs``: a ``serving.graphs.BatchGraphs`` the engine replays its passes from (None: launched)."""
+    ``graphs``: a ``serving.graphs.BatchGraphs`` the engine replays its passes from (None: launched);
+    ``compile_layers``: the engine's (its graphs' with ``graphs``)."""
     from specfold_compile.serving import Engine, RequestParams
 
     params = RequestParams(max_new_tokens=args.max_new_tokens, draft_budget=args.draft_budget,
@@ -186,7 +167,7 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
         torch.cuda.reset_peak_memory_stats()
     engine = Engine(model, max_requests=concurrency, max_tokens_per_request=args.capacity, mode=mode,
                     draft_graph=args.graph, tau=args.tau if mode == "specfold" else None, attention=attention,
-                    cuda_graphs=False if graphs is None else graphs)
+                    cuda_graphs=False if graphs is None else graphs, compile_layers=compile_layers)
     pending, decodes, done, tally = deque(range(len(requests))), {}, {}, {}
     t0 = time.perf_counter()
     while pending or engine.has_work:
@@ -290,50 +271,51 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
     SpecFold's graphs' ``(label, fold_capacity)``."""
     rows = []
     graphs = None
+    compile_layers = args.compile_backend if mode != kind else False  # the Engine's (and its graphs')
     if graphed:
         from specfold_compile.serving.graphs import BatchGraphs
 
         graphs = BatchGraphs(model, max(args.concurrency), args.capacity, "cuda" if cuda else "eager",
                              **({} if capacity is None else {"fold_capacity": capacity[1]}),
-                             min_packed=args.min_packed, capacity_spread=args.capacity_spread)
-    with _compiled_layers(model, args.compile_backend) if mode != kind else contextlib.nullcontext():
-        t0 = time.perf_counter()
-        # warm-up (compiles; a single request's row counts of 1 too, which dynamic shapes specialize)
-        warm = args.concurrency if graphed else {max(args.concurrency), 1}
-        for c in sorted(warm, reverse=True):
-            try:
-                serve(model, kind, c, workload(max(c, 2) if not graphed else max(args.requests, args.per_slot * c)),
-                      args, cuda, attention, graphs)
-            except torch.OutOfMemoryError:  # the timed point will say so
-                torch.cuda.empty_cache()
-        warm_s = time.perf_counter() - t0
-        for c in args.concurrency:
-            n, compiled = max(args.requests, args.per_slot * c), _graphs_compiled()
-            captured = graphs.captures if graphed else 0
-            try:
-                runs = sorted((serve(model, kind, c, workload(n), args, cuda, attention, graphs)
-                               for _ in range(args.repeats)), key=lambda r: r["wall_s"])
-            except torch.OutOfMemoryError as exc:  # this point has no row; the file's setup names it
-                args.out_of_memory.append({"model": name, "mode": mode, "attention": attention, "concurrency": c})
-                print(f"{name} {mode} ({attention}) at concurrency {c}: out of memory "
-                      f"({str(exc).splitlines()[0]})", flush=True)
-                torch.cuda.empty_cache()
-                continue
-            row = {"model": name, "concurrency": c, "mode": mode, "attention": attention, **runs[len(runs) // 2],
-                   "trace_driven": True, "trace_reproduced": all(r["trace_reproduced"] for r in runs),
-                   "warmup_s": warm_s, "compiles_while_timed": _graphs_compiled() - compiled,
-                   "cuda_graphs": graphed, "captures_while_timed": (graphs.captures - captured) if graphed else 0,
-                   "arrival": args.arrival if args.arrival == "closed" else f"poisson {args.rate:g}/s",
-                   "record": {"model": recorded_by, "mode": kind}}
-            if capacity is not None:
-                row.update(fold_capacity=capacity[0], fold_shares=capacity[1], min_packed=args.min_packed,
-                           capacity_spread=args.capacity_spread)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        if args.profile:
-            c = max(args.concurrency)
-            write_profile(lambda: serve(model, kind, c, workload(c), args, cuda, attention, graphs),
-                          Path(args.profile) / f"{name}_{mode}_{attention}_c{c}.txt", cuda)
+                             min_packed=args.min_packed, capacity_spread=args.capacity_spread,
+                             compile_layers=compile_layers)
+    t0 = time.perf_counter()
+    # warm-up (compiles; a single request's row counts of 1 too, which dynamic shapes specialize)
+    warm = args.concurrency if graphed else {max(args.concurrency), 1}
+    for c in sorted(warm, reverse=True):
+        try:
+            serve(model, kind, c, workload(max(c, 2) if not graphed else max(args.requests, args.per_slot * c)),
+                  args, cuda, attention, graphs, compile_layers)
+        except torch.OutOfMemoryError:  # the timed point will say so
+            torch.cuda.empty_cache()
+    warm_s = time.perf_counter() - t0
+    for c in args.concurrency:
+        n, compiled = max(args.requests, args.per_slot * c), _graphs_compiled()
+        captured = graphs.captures if graphed else 0
+        try:
+            runs = sorted((serve(model, kind, c, workload(n), args, cuda, attention, graphs, compile_layers)
+                           for _ in range(args.repeats)), key=lambda r: r["wall_s"])
+        except torch.OutOfMemoryError as exc:  # this point has no row; the file's setup names it
+            args.out_of_memory.append({"model": name, "mode": mode, "attention": attention, "concurrency": c})
+            print(f"{name} {mode} ({attention}) at concurrency {c}: out of memory "
+                  f"({str(exc).splitlines()[0]})", flush=True)
+            torch.cuda.empty_cache()
+            continue
+        row = {"model": name, "concurrency": c, "mode": mode, "attention": attention, **runs[len(runs) // 2],
+               "trace_driven": True, "trace_reproduced": all(r["trace_reproduced"] for r in runs),
+               "warmup_s": warm_s, "compiles_while_timed": _graphs_compiled() - compiled,
+               "cuda_graphs": graphed, "captures_while_timed": (graphs.captures - captured) if graphed else 0,
+               "arrival": args.arrival if args.arrival == "closed" else f"poisson {args.rate:g}/s",
+               "record": {"model": recorded_by, "mode": kind}}
+        if capacity is not None:
+            row.update(fold_capacity=capacity[0], fold_shares=capacity[1], min_packed=args.min_packed,
+                       capacity_spread=args.capacity_spread)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.profile:
+        c = max(args.concurrency)
+        write_profile(lambda: serve(model, kind, c, workload(c), args, cuda, attention, graphs, compile_layers),
+                      Path(args.profile) / f"{name}_{mode}_{attention}_c{c}.txt", cuda)
     return rows
 
 
@@ -382,7 +364,7 @@ def main(argv=None) -> int:
                          "written to DIR")
     ap.add_argument("--repeats", type=int, default=1, help="replay: timed runs a point, the median kept")
     ap.add_argument("--compile-backend", default="inductor",
-                    help="replay: torch.compile's backend for the *_compiled modes")
+                    help="replay: the *_compiled modes' Engine(compile_layers=...), a torch.compile backend")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():

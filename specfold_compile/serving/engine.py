@@ -31,6 +31,7 @@ from ..decoding import DEFAULTS, GenerateResult, default_draft_graph, load_draft
 from ..decoding.commit import confidence
 from ..decoding.defaults import CONFIDENCE_DTYPES
 from ..decoding.specfold import check_tau
+from .compiled import base_model, check_compile_layers, compiled_model
 from .folded import verify_batch_folded
 from .forward import check_serving_model, engine_attention, verify_batch, write_blocks
 from .graphs import BatchGraphs, check_fold_capacity
@@ -127,8 +128,9 @@ class Engine:
     def __init__(self, model, max_requests: int = 8, max_tokens_per_request: int = 1024, mode: str = "vanilla",
                  draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None,
                  tau: float | None = None, attention: str = "auto", cuda_graphs=False,
-                 fold_capacity: float | tuple[float, ...] = 0.5):
+                 fold_capacity: float | tuple[float, ...] = 0.5, compile_layers: bool | str = False):
         check_serving_model(model)
+        backend = check_compile_layers(compile_layers)
         self.device = model.embed_tokens.weight.device
         graphs = _check_graphs(cuda_graphs, attention)
         check_fold_capacity(fold_capacity)
@@ -151,16 +153,19 @@ class Engine:
             self.graph = load_draft_graph(default_draft_graph(block) if draft_graph is None else draft_graph, block)
         elif draft_graph is not None:
             load_draft_graph(draft_graph, block)  # still reject a malformed graph
-        self.model, self.mode, self.confidence_dtype, self.max_waiting = model, mode, confidence_dtype, max_waiting
+        self.mode, self.confidence_dtype, self.max_waiting = mode, confidence_dtype, max_waiting
         self.tau = tau
         self.max_requests = max_requests
         if isinstance(cuda_graphs, BatchGraphs):
-            self.graphs = _shared_graphs(cuda_graphs, model, max_requests, max_tokens_per_request)
+            self.graphs = _shared_graphs(cuda_graphs, model, max_requests, max_tokens_per_request, backend)
         elif graphs:
             self.graphs = BatchGraphs(model, max_requests, max_tokens_per_request,
-                                      "cuda" if cuda_graphs is True else "eager", fold_capacity)
+                                      "cuda" if cuda_graphs is True else "eager", fold_capacity,
+                                      compile_layers=compile_layers)
         else:
             self.graphs = None
+        # what the passes run: the model, or its view with the layers compiled (compiled.ModelView)
+        self.model = compiled_model(model, backend) if self.graphs is None else self.graphs.model
         self.pool = KVPool(model, max_requests, max_tokens_per_request) if self.graphs is None else self.graphs.pool
         self.stats = EngineStats()
         self._ids = itertools.count()
@@ -421,10 +426,16 @@ def _check_graphs(cuda_graphs, attention) -> bool:
     return True
 
 
-def _shared_graphs(graphs: BatchGraphs, model, max_requests: int, max_tokens_per_request: int) -> BatchGraphs:
-    """A ``BatchGraphs`` handed to a new engine: the same model, room for its slots, no slot in use."""
-    if graphs.model is not model:
+def _shared_graphs(graphs: BatchGraphs, model, max_requests: int, max_tokens_per_request: int,
+                   backend: str | None) -> BatchGraphs:
+    """A ``BatchGraphs`` handed to a new engine: the same model compiled alike, room for its slots, no slot
+    in use."""
+    if base_model(graphs.model) is not model:
         raise ValueError("cuda_graphs: a BatchGraphs made for another model")
+    if graphs.compile_layers != backend:
+        raise ValueError(f"compile_layers: the shared BatchGraphs runs its layers "
+                         f"{'compiled by ' + repr(graphs.compile_layers) if graphs.compile_layers else 'eagerly'}; "
+                         f"pass the same compile_layers to the engine")
     if max_requests > graphs.pool.max_requests or max_tokens_per_request != graphs.pool.capacity:
         raise ValueError(f"cuda_graphs: its pool has {graphs.pool.max_requests} slots of "
                          f"{graphs.pool.capacity} positions, the engine asks {max_requests} of "

@@ -59,6 +59,7 @@ from ..decoding.commit import confidence
 from ..decoding.cuda_graphs import REPLAYS, capture_call
 from ..models.layers import PositionTables
 from ..reference import FoldChains, chain_depth, check_gate, folded_layers, gate_count, packed_tables
+from .compiled import check_compile_layers, compiled_model
 from .forward import row_bounds
 from .pool import KVPool
 
@@ -179,11 +180,12 @@ class BatchGraphs:
     engine's slots at most the pool's) to reuse its graphs. ``fold_capacity``: the share of the draft
     rows' positions a SpecFold gate is expected to compute, one for all or one a gate (module docstring),
     ``capacity_spread`` the margin a graph packs over it, ``min_packed`` the positions a gate packs at
-    least; ``gate``: SpecFold's gates, as in ``folded.verify_batch_folded``."""
+    least; ``gate``: SpecFold's gates, as in ``folded.verify_batch_folded``; ``compile_layers``: the
+    layers' position-wise pieces compiled (``compiled``' module docstring), captured compiled."""
 
     def __init__(self, model, max_requests: int, max_tokens_per_request: int, replay: str = "cuda",
                  fold_capacity: float | tuple[float, ...] = 0.5, gate: str = "layer", min_packed: int = MIN_PACKED,
-                 capacity_spread: float = CAPACITY_SPREAD):
+                 capacity_spread: float = CAPACITY_SPREAD, compile_layers: bool | str = False):
         if replay not in REPLAYS:
             raise ValueError(f"replay: expected one of {REPLAYS}, got {replay!r}")
         check_gate(gate)
@@ -194,7 +196,9 @@ class BatchGraphs:
                 or not capacity_spread >= 0):
             raise ValueError(f"capacity_spread: expected a number >= 0 (the margin over a gate's share is "
                              f"spread / sqrt(draft rows)), got {capacity_spread!r}")
-        self.model, self.replay, self.gate, self.min_packed = model, replay, gate, min_packed
+        self.compile_layers = check_compile_layers(compile_layers)
+        self.model = compiled_model(model, self.compile_layers)
+        self.replay, self.gate, self.min_packed = replay, gate, min_packed
         self.capacity_spread = float(capacity_spread)
         n_gates = gate_count(len(model.layers), gate)
         self.fold_capacity = check_fold_capacity(fold_capacity, n_gates)

@@ -113,16 +113,6 @@ def test_a_point_out_of_memory_is_named_and_the_others_run(trace, tmp_path, monk
                                                "concurrency": 3}]
 
 
-def test_compiled_layers_are_the_models_own_again_after():
-    from specfold_compile.models import build
-
-    model = build("tiny-fast-dllm-v2", seed=0)
-    with batched._compiled_layers(model, "eager"):
-        assert all(name in layer.__dict__ for layer in model.layers for name in batched.POSITION_WISE)
-    assert not any(name in layer.__dict__ for layer in model.layers for name in batched.POSITION_WISE)
-    assert model.layers[0].qkv.__func__ is type(model.layers[0]).qkv
-
-
 def test_argument_errors(trace, tmp_path, capsys):
     for argv, word in ((["--modes", "dense"], "--modes"), (["--arrival", "poisson"], "--rate"),
                        (["--concurrency", "0"], "--concurrency"), (["--attention", "paged"], "--attention")):

@@ -251,8 +251,12 @@ def test_engine_arguments(model):
 
 def test_batched_generate_arguments(model):
     prompts = [_prompt(4), _prompt(9)]
-    with pytest.raises(ValueError, match="cuda_graphs: a list of prompts is decoded by the batched engine"):
-        specfold_compile.generate(model, prompts, cuda_graphs=True)
+    with pytest.raises(ValueError, match="loop: a list of prompts is decoded by the batched engine"):
+        specfold_compile.generate(model, prompts, loop="device")
+    with pytest.raises(ValueError, match="^cuda_graphs: expected False, True, 'eager' or a BatchGraphs"):
+        specfold_compile.generate(model, prompts, cuda_graphs="yes")
+    with pytest.raises(ValueError, match="^compile_layers: expected False, True"):
+        specfold_compile.generate(model, prompts, compile_layers="nope")
     with pytest.raises(ValueError, match=r"^tau: mode='specfold' needs the fold threshold"):
         specfold_compile.generate(model, prompts, mode="specfold")
     with pytest.raises(ValueError, match="specfold_options: a list of prompts is decoded by the batched engine"):
