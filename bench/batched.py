@@ -53,6 +53,7 @@ from pathlib import Path
 import torch
 
 from bench.batched_capacity import add_capacity_arguments, fold_capacity, parse_capacity_arguments
+from bench.batched_clock import PassClock
 from bench.batched_forcing import _Forcing, _Recording, _as
 from bench.common import check_output, write_profile
 from bench.trace_driven import parse_override, run_command, token_map
@@ -168,6 +169,7 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
     engine = Engine(model, max_requests=concurrency, max_tokens_per_request=args.capacity, mode=mode,
                     draft_graph=args.graph, tau=args.tau if mode == "specfold" else None, attention=attention,
                     cuda_graphs=False if graphs is None else graphs, compile_layers=compile_layers)
+    clock = None if graphs is None else PassClock(engine)
     pending, decodes, done, tally = deque(range(len(requests))), {}, {}, {}
     t0 = time.perf_counter()
     while pending or engine.has_work:
@@ -187,6 +189,9 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
     if cuda:
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
+    parts = {} if clock is None else clock.parts(wall)
+    if clock is not None:
+        clock.close()
     latencies, tokens, reproduced, rows = [], 0, len(done) == len(requests), 0
     for rid, (j, decode) in decodes.items():
         out = engine.pop(rid)
@@ -213,7 +218,7 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
             "requests_per_forward": st.verify_requests / max(1, st.verify_calls),
             "max_rows_per_forward": max((t[0] for t in tally.values()), default=0),
             "max_logit_positions": max((t[1] for t in tally.values()), default=0), "trace_reproduced": reproduced,
-            "overflows": st.overflows}
+            "overflows": st.overflows, **parts}
 
 
 def _graphs_compiled() -> int:

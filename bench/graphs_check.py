@@ -1,6 +1,7 @@
 """The serving engine with CUDA graphs against the launched engine, on the tiny models of both families:
 the same tokens, fold masks and calls for every serving mode (the CPU tests run the graphs' bookkeeping
-with ``cuda_graphs="eager"``; this runs the captures themselves), and each one's wall time::
+with ``cuda_graphs="eager"``; this runs the captures themselves), with SpecFold's graphs packing a tenth
+of the draft positions and with the layers compiled (``compile_layers=True``), and each one's wall time::
 
     PYTHONPATH=. python bench/graphs_check.py [--device cuda]
 """
@@ -19,13 +20,15 @@ MODES = (("vanilla", None), ("spiffy", None), ("specfold", 0.0), ("specfold", 0.
 # SpecFold at tau = 0.3 also on graphs that pack a tenth of the draft positions, no floor nor margin: packed
 # GEMMs smaller than the rows, and overflowed forwards replayed at the next capacity
 PACKED = dict(fold_capacity=0.1, min_packed=0, capacity_spread=0)
+# and Spiffy and SpecFold with the layers compiled (Inductor), launched against replayed, both compiled
+COMPILED = (("spiffy", None, "compiled"), ("specfold", 0.3, "compiled"))
 
 
-def decode(model, mode: str, tau, graphs, requests: int = 12) -> tuple[list, list, float]:
+def decode(model, mode: str, tau, graphs, requests: int = 12, compile_layers=False) -> tuple[list, list, float]:
     if graphs == "packed":
         graphs = BatchGraphs(model, 4, 160, "cuda" if model.embed_tokens.weight.is_cuda else "eager", **PACKED)
     engine = Engine(model, max_requests=4, max_tokens_per_request=160, mode=mode, tau=tau, attention="ragged",
-                    cuda_graphs=graphs)
+                    cuda_graphs=graphs, compile_layers=compile_layers)
     gen = torch.Generator().manual_seed(0)
     ids = [engine.add_request(torch.randint(0, 90, (int(torch.randint(3, 40, (1,), generator=gen)),), generator=gen),
                               RequestParams(max_new_tokens=int(torch.randint(5, 64, (1,), generator=gen)),
@@ -49,14 +52,15 @@ def main(argv=None) -> int:
     failed = 0
     for family in TINY_FAMILIES:
         model = tiny_model(family).to(args.device)
-        for case in MODES + (("specfold", 0.3, "packed"),):
-            (mode, tau), packed = case[:2], len(case) > 2
-            tok_l, masks_l, wall_l = decode(model, mode, tau, False)
-            tok_g, masks_g, wall_g = decode(model, mode, tau, "packed" if packed else graphs)
+        for case in MODES + (("specfold", 0.3, "packed"),) + COMPILED:
+            (mode, tau), kind = case[:2], case[2] if len(case) > 2 else ""
+            packed, compiled = kind == "packed", kind == "compiled"
+            tok_l, masks_l, wall_l = decode(model, mode, tau, False, compile_layers=compiled)
+            tok_g, masks_g, wall_g = decode(model, mode, tau, "packed" if packed else graphs, compile_layers=compiled)
             same = tok_l == tok_g and all(len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
                                           for a, b in zip(masks_l, masks_g))
             failed += not same
-            print(f"{family} {mode} tau={tau}{' packed' if packed else ''}: "
+            print(f"{family} {mode} tau={tau}{' ' + kind if kind else ''}: "
                   f"{'same' if same else 'DIFFERENT'} tokens and masks; launched {wall_l:.2f} s, graphs "
                   f"{wall_g:.2f} s", flush=True)
     return int(failed > 0)

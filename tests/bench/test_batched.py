@@ -209,6 +209,10 @@ def test_cuda_graphs_replay_the_record_and_lead_the_headline(trace, tmp_path):
     assert [(r["mode"], r["cuda_graphs"]) for r in rows] == [("vanilla", False), ("vanilla", True)]
     assert all(r["trace_reproduced"] is True for r in rows) and rows[0]["tokens"] == rows[1]["tokens"]
     assert rows[1]["captures_while_timed"] == 0  # the warm-up captured every bucket the timed run used
+    # with graphs the wall time splits into the passes and the host's rest (bench/batched_clock.py)
+    parts = [rows[1][k] for k in ("verify_s", "write_s", "prefill_s", "host_s")]
+    assert rows[1]["verify_s"] > 0 and min(parts) >= 0 and abs(sum(parts) - rows[1]["wall_s"]) < 1e-6
+    assert "verify_s" not in rows[0]  # launched: not split
     assert [plot.serving_series(r) for r in rows] == ["vanilla+ragged", "vanilla+ragged+graphs"]
     table = report.render_batched_headline({"rows": rows})
     assert table[0] == "| shape | concurrency | vanilla, CUDA graphs (tokens/s) | vanilla, CUDA graphs p50 / p99 (ms) |"

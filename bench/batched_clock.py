@@ -1,0 +1,47 @@
+"""Where a ``bench.batched`` run's wall time goes, with graphs: the time spent inside the engine's
+replayed passes (``BatchGraphs.verify``; ``BatchGraphs.write`` for finished blocks; the batched prefills,
+``Engine._prefill_replayed``, whose own writes count there), each from the host's view (input building,
+the replay and the read of its results, which waits for the GPU), and the rest (``host_s``): the engine's
+and the forcing's bookkeeping on the host. A replay's results are read before the next pass starts, so
+the passes do not overlap and the parts add up to the wall time."""
+
+from __future__ import annotations
+
+import time
+
+PARTS = ("verify_s", "write_s", "prefill_s", "host_s")
+
+
+class PassClock:
+    """Times one engine's replayed passes (``engine.graphs`` set) until ``close()``; ``parts(wall)`` gives
+    ``PARTS`` for a run of ``wall`` seconds."""
+
+    def __init__(self, engine):
+        self.engine, self.totals = engine, dict.fromkeys(PARTS[:3], 0.0)
+        self._prefilling = False
+        graphs = engine.graphs
+        graphs.verify = self._timed(graphs.verify, "verify_s")
+        graphs.write = self._timed(graphs.write, "write_s")
+        engine._prefill_replayed = self._timed(engine._prefill_replayed, "prefill_s")
+
+    def _timed(self, fn, part):
+        def timed(*args, **kwargs):
+            if self._prefilling:  # a prefill's own write: counted in prefill_s
+                return fn(*args, **kwargs)
+            self._prefilling = part == "prefill_s"
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.totals[part] += time.perf_counter() - t0
+                self._prefilling = False
+        return timed
+
+    def close(self) -> None:
+        """The wrappers gone: the classes' own methods show again (the graphs serve later engines)."""
+        del self.engine.graphs.verify, self.engine.graphs.write, self.engine._prefill_replayed
+
+    def parts(self, wall: float) -> dict:
+        out = dict(self.totals)
+        out["host_s"] = wall - sum(out.values())
+        return out
