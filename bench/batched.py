@@ -13,8 +13,9 @@ real request), then the recorded rows go into the batched forward and the record
 So every request makes exactly its recorded calls (rows, parents, accepted drafts, block writes, tokens)
 at the real shape's cost, next to whichever requests share its engine steps. ``trace_reproduced`` says
 that every request's tokens, forwards, blocks and calls equal its record's, and the engine's forwards
-covered exactly the recorded rows. ``spiffy_compiled`` replays the Spiffy record with the decoder
-layers' position-wise pieces compiled (``replay_modes``).
+covered exactly the recorded rows. ``MODE_compiled`` replays MODE's record with the decoder layers'
+position-wise pieces compiled (``replay_modes``). ``--draft-budget`` bounds a record's drafts a call (a
+row's ``draft_budget``: the record's; fewer drafts, fewer rows a forward and fewer drafts accepted).
 
 Arrivals. ``--arrival closed`` (default): ``C`` clients, each sending its next request as soon as its
 last one finished; served as ``max(--requests, --per-slot * C)`` requests (default: 16, and 4 a slot)
@@ -70,11 +71,11 @@ def serving_modes() -> tuple[str, ...]:
 
 
 def replay_modes() -> tuple[str, ...]:
-    """The served modes and ``spiffy_compiled`` / ``specfold_compiled``: the engine's mode with
+    """The served modes and each one ``_compiled``: the engine's mode with
     ``Engine(compile_layers=--compile-backend)``, every decoder layer's position-wise pieces (norms,
     q/k/v and output projections, RoPE, MLP) compiled with dynamic shapes (``serving.compiled``)."""
     served = serving_modes()
-    return served + tuple(m + COMPILED for m in ("spiffy", "specfold") if m in served)
+    return served + tuple(m + COMPILED for m in served)
 
 
 def record(args) -> dict:
@@ -311,7 +312,8 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
                "warmup_s": warm_s, "compiles_while_timed": _graphs_compiled() - compiled,
                "cuda_graphs": graphed, "captures_while_timed": (graphs.captures - captured) if graphed else 0,
                "arrival": args.arrival if args.arrival == "closed" else f"poisson {args.rate:g}/s",
-               "record": {"model": recorded_by, "mode": kind}}
+               "record": {"model": recorded_by, "mode": kind},
+               "draft_budget": 0 if kind == "vanilla" else args.draft_budget}  # the record's (run_command)
         if capacity is not None:
             row.update(fold_capacity=capacity[0], fold_shares=capacity[1], min_packed=args.min_packed,
                        capacity_spread=args.capacity_spread)
@@ -338,12 +340,13 @@ def main(argv=None) -> int:
     ap.add_argument("--record-slots", type=int, default=8, help="record: the engine's slots")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--tau", type=float, default=0.1, help="SpecFold's fold threshold (mode specfold)")
-    ap.add_argument("--draft-budget", type=int, default=16)
+    ap.add_argument("--draft-budget", type=int, default=16, help="record: Spiffy's drafts a call (a replay takes "
+                    "the record's; a row's draft_budget)")
     ap.add_argument("--no-eos-stop", action="store_true",
                     help="record: every request decodes all --max-new-tokens (the shipped model's answers are short)")
     ap.add_argument("--modes", default=None,
                     help="comma-separated (default: record every serving mode; replay every recorded one and "
-                         "spiffy_compiled)")
+                         "each one _compiled)")
     ap.add_argument("--models", default="fast-dllm-v2-1.5b", help="replay: comma-separated presets")
     ap.add_argument("--override", default="", metavar="FIELD=INT,...",
                     help="replay: integer config fields replacing the presets' (e.g. a tiny preset at the record's "

@@ -31,12 +31,23 @@ MB = 1e6
 LATENCY_WORDS = {"ms": "CUDA-graph calls", "launched_ms": "launched calls"}
 
 
+def drafts_bound(row: dict) -> int | None:
+    """A batched row's drafts a call when its record bounded them below the default (``bench.batched
+    record --draft-budget``), else None: a row without the field was recorded at the default."""
+    from specfold_compile.decoding import DEFAULTS  # noqa: PLC0415
+
+    budget = row.get("draft_budget")
+    return None if budget in (None, 0, DEFAULTS.draft_budget) else budget
+
+
 def serving_series(row: dict) -> str:
     """A batched row's series: its mode, with ``+ragged`` when the engine attended through the ragged
-    kernel (``attention="ragged"``; the plain mode name is per-request attention)."""
+    kernel (``attention="ragged"``; the plain mode name is per-request attention), ``+graphs``, SpecFold's
+    packing capacity other than the default and a bound on the drafts a call."""
     return row["mode"] + ("+ragged" if row.get("attention") == "ragged" else "") + (
         "+graphs" if row.get("cuda_graphs") else "") + (
-        f"+capacity {row['fold_capacity']}" if row.get("fold_capacity") not in (None, "0.5") else "")
+        f"+capacity {row['fold_capacity']}" if row.get("fold_capacity") not in (None, "0.5") else "") + (
+        f"+drafts {drafts_bound(row)}" if drafts_bound(row) is not None else "")
 
 
 def _rows(path: Path) -> list[dict]:
@@ -268,10 +279,11 @@ def plot_results(path: str | Path) -> Path:
 def _point(row: dict) -> tuple:
     """What a row measured (a re-measurement of the same point replaces it): a per_check point, one part
     of a breakdown row set (``part``, absent from per_check rows), an end-to-end row (``task``; its loop
-    with or without fused block boundaries) or a batched one (``concurrency``, ``arrival``, ``attention``)."""
+    with or without fused block boundaries) or a batched one (``concurrency``, ``arrival``, ``attention``,
+    its graphs, capacity and bound on drafts)."""
     return tuple(row.get(k) for k in ("model", "prefix", "n_branches", "mode", "target_ratio", "what", "part", "task",
                                       "trace_driven", "fuse_boundaries", "concurrency", "arrival", "attention",
-                                      "cuda_graphs", "fold_capacity"))
+                                      "cuda_graphs", "fold_capacity")) + (drafts_bound(row),)
 
 
 def merge_results(out: str | Path, inputs: list[str | Path]) -> Path:

@@ -5,7 +5,8 @@ Public API::
 
     Engine(model, max_requests=8, max_tokens_per_request=1024, mode="vanilla"|"spiffy"|"specfold",
            draft_graph=None, confidence_dtype=, max_waiting=None, tau=None, attention="auto",
-           cuda_graphs=False | True | "eager" | BatchGraphs, fold_capacity=0.5)
+           cuda_graphs=False | True | "eager" | BatchGraphs, fold_capacity=0.5,
+           compile_layers=False | True | backend)  # True: Inductor on each layer's position-wise pieces
         .add_request(prompt_ids, RequestParams(...)) -> id   .step() -> [BlockOutput]   .run()
         .abort(id)   .output(id) -> RequestOutput   .pop(id)   .stats   .pool
         .new_decode(prompt_ids, params) -> RequestDecode   .submit(decode) -> id   # add_request's two halves
@@ -14,7 +15,7 @@ Public API::
     KVPool(model, max_requests, max_tokens_per_request), PoolExhausted
     verify_batch_folded(model, pool, slots, rows, parents, logit_positions, tau)  # the folded forward
     BatchGraphs(model, max_requests, max_tokens_per_request, fold_capacity=0.5, min_packed=256,
-                capacity_spread=4.0)  # the CUDA graphs of the passes, shareable
+                capacity_spread=4.0, compile_layers=False)  # the CUDA graphs of the passes, shareable
     capacity_from_masks([fold_masks, ...]) -> fold_capacity a gate, from earlier requests' fold masks
 """
 

@@ -38,12 +38,13 @@ def test_replay_makes_the_recorded_calls_at_every_concurrency(trace, tmp_path):
     assert any(c["rows"].shape[0] > 1 for r in spiffy for c in r["calls"])
     rows = data["rows"]
     assert data["suite"] == "batched" and "torch" in data["versions"]
-    modes = list(SERVING_MODES) + ["spiffy_compiled", "specfold_compiled"]
+    modes = list(SERVING_MODES) + [m + "_compiled" for m in SERVING_MODES]
     assert [(r["mode"], r["concurrency"]) for r in rows] == [(m, c) for m in modes for c in (1, 3)]
     for r in rows:
         assert FIELDS <= set(r) and r["trace_driven"] is True and r["trace_reproduced"] is True, r
         assert r["compiles_while_timed"] == 0  # the warm-ups compiled every graph
         assert r["requests"] == 3 and r["tokens_per_s"] > 0 and 0 < r["p50_latency_ms"] <= r["p99_latency_ms"]
+        assert r["draft_budget"] == (0 if r["mode"].startswith("vanilla") else record["draft_budget"])
         recs = [record["requests"][j % 2][r["mode"].removesuffix("_compiled")] for j in range(3)]
         assert r["tokens"] == sum(len(x["tokens"]) for x in recs)
         calls = sum(len(x["calls"]) for x in recs)
@@ -96,6 +97,22 @@ def test_requests_decode_every_token_without_the_eos_stop(tmp_path):
     rows = _replay(path, tmp_path / "long.json", "--concurrency", "2", "--requests", "2", "--per-slot", "1")["rows"]
     assert [r["mode"] for r in rows] == ["spiffy", "spiffy_compiled"]  # the recorded mode, and compiled
     assert all(r["trace_reproduced"] is True and r["tokens"] == 2 * 40 for r in rows)
+
+
+def test_a_record_of_fewer_drafts_replays_as_its_own_series(tmp_path):
+    path = tmp_path / "b1.pt"
+    assert batched.main(["record", "--limit", "1", "--tasks", "math", "--max-new-tokens", "40", "--draft-budget", "1",
+                         "--modes", "spiffy", "--out", str(path)]) == 0
+    record = torch.load(path, weights_only=False)
+    assert all(c["rows"].shape[0] <= 2 for r in record["requests"] for c in r["spiffy"]["calls"])
+    rows = _replay(path, tmp_path / "b1.json", "--modes", "spiffy", "--concurrency", "2", "--requests", "2",
+                   "--per-slot", "1")["rows"]
+    assert rows[0]["trace_reproduced"] is True and rows[0]["draft_budget"] == 1
+    assert rows[0]["max_rows_per_forward"] <= 4 and plot.serving_series(rows[0]) == "spiffy+drafts 1"
+    default = {**rows[0], "draft_budget": 16}
+    assert plot.serving_series(default) == "spiffy" and plot._point(default) != plot._point(rows[0])
+    assert report.render_batched_headline({"rows": [default, rows[0]]})[0].endswith(
+        "| Spiffy, eager, 1 draft a call (tokens/s) | Spiffy, eager, 1 draft a call p50 / p99 (ms) |")
 
 
 def test_a_point_out_of_memory_is_named_and_the_others_run(trace, tmp_path, monkeypatch):
