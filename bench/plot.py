@@ -32,7 +32,7 @@ LATENCY_WORDS = {"ms": "CUDA-graph calls", "launched_ms": "launched calls"}
 
 
 def drafts_bound(row: dict) -> int | None:
-    """A batched row's drafts a call when its record bounded them below the default (``bench.batched
+    """A batched row's drafts a call when its record used another budget than the default (``bench.batched
     record --draft-budget``), else None: a row without the field was recorded at the default."""
     from specfold_compile.decoding import DEFAULTS  # noqa: PLC0415
 
