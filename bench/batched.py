@@ -16,6 +16,11 @@ that every request's tokens, forwards, blocks and calls equal its record's, and 
 covered exactly the recorded rows. ``MODE_compiled`` replays MODE's record with the decoder layers'
 position-wise pieces compiled (``replay_modes``). ``--draft-budget`` bounds a record's drafts a call (a
 row's ``draft_budget``: the record's; fewer drafts, fewer rows a forward and fewer drafts accepted).
+``--max-verify-rows R`` records with ``Engine(max_verify_rows=R)``: the drafts a call depend on how many
+requests share the step, so such a record is made for one concurrency, ``--record-slots C`` and
+``--record-requests N`` (the prompts in turn) as the replay at ``--concurrency C`` serves them
+(``max(--requests, --per-slot * C)``); that replay then takes each step's record as it was made (a row's
+``max_verify_rows``).
 
 Arrivals. ``--arrival closed`` (default): ``C`` clients, each sending its next request as soon as its
 last one finished; served as ``max(--requests, --per-slot * C)`` requests (default: 16, and 4 a slot)
@@ -36,6 +41,7 @@ it). ``--profile DIR`` serves each mode's largest concurrency once more (as many
 under ``torch.profiler`` and writes its operator table to DIR::
 
     python -m bench.batched record --out TRACE.pt [--limit 22] [--tasks math,code,instruct] [--no-eos-stop]
+        [--draft-budget D] [--max-verify-rows R --record-slots C --record-requests N]
     python -m bench.batched replay --trace TRACE.pt --device cuda --models fast-dllm-v2-1.5b \\
         [--concurrency 1,4,16,64] [--requests 16] [--per-slot 4] [--attention per_request,ragged]
         [--pool-tokens 4096] [--profile DIR] [--out FILE]
@@ -95,13 +101,15 @@ def record(args) -> dict:
         for task in args.tasks:
             prompts.append(encode(model, problems[task][i].prompt))
             tasks.append(task)
+    n = args.record_requests or len(prompts)
+    prompts, tasks = [prompts[j % len(prompts)] for j in range(n)], [tasks[j % len(tasks)] for j in range(n)]
     params = RequestParams(max_new_tokens=args.max_new_tokens, draft_budget=args.draft_budget,
                            stop_at_eos=not args.no_eos_stop)
     requests = [{"task": t, "prompt": p} for t, p in zip(tasks, prompts)]
     modes = args.modes or serving_modes()
     for mode in modes:
         engine = Engine(model, max_requests=min(args.record_slots, len(prompts)), mode=mode, draft_graph=graph,
-                        tau=args.tau if mode == "specfold" else None,
+                        tau=args.tau if mode == "specfold" else None, max_verify_rows=args.max_verify_rows,
                         max_tokens_per_request=_positions_needed(model, prompts, args.max_new_tokens))
         decodes = []
         for prompt in prompts:
@@ -120,7 +128,7 @@ def record(args) -> dict:
               "forwards", flush=True)
     return {"model": args.model or "specfold-tiny", "modes": list(modes), "draft_graph": graph,
             "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
-            "stop_at_eos": not args.no_eos_stop, "mask_token_id": cfg.mask_token_id, "eos_token_id": cfg.eos_token_id,
+            "max_verify_rows": args.max_verify_rows, "record_slots": args.record_slots, "stop_at_eos": not args.no_eos_stop, "mask_token_id": cfg.mask_token_id, "eos_token_id": cfg.eos_token_id,
             "vocab_size": cfg.vocab_size, "block_size": cfg.block_size, "family": cfg.family, "requests": requests}
 
 
@@ -169,7 +177,8 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
         torch.cuda.reset_peak_memory_stats()
     engine = Engine(model, max_requests=concurrency, max_tokens_per_request=args.capacity, mode=mode,
                     draft_graph=args.graph, tau=args.tau if mode == "specfold" else None, attention=attention,
-                    cuda_graphs=False if graphs is None else graphs, compile_layers=compile_layers)
+                    cuda_graphs=False if graphs is None else graphs, compile_layers=compile_layers,
+                    max_verify_rows=None if mode == "vanilla" else args.max_verify_rows)
     clock = None if graphs is None else PassClock(engine)
     pending, decodes, done, tally = deque(range(len(requests))), {}, {}, {}
     t0 = time.perf_counter()
@@ -244,6 +253,7 @@ def replay(args, trace: dict, name: str) -> list[dict]:
                          f"{trace['family']} model")
     args.table = table = token_map(trace, cfg)
     args.graph, args.stop_at_eos = trace["draft_graph"], trace["stop_at_eos"]
+    args.max_verify_rows = trace.get("max_verify_rows")  # the engine's that made the record
     prompts = [table[r["prompt"]] for r in trace["requests"]]  # the engine moves its prefill ids
     args.capacity = max(_positions_needed(model, prompts, args.max_new_tokens), args.pool_tokens or 0)
     rows = []
@@ -313,7 +323,8 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
                "cuda_graphs": graphed, "captures_while_timed": (graphs.captures - captured) if graphed else 0,
                "arrival": args.arrival if args.arrival == "closed" else f"poisson {args.rate:g}/s",
                "record": {"model": recorded_by, "mode": kind},
-               "draft_budget": 0 if kind == "vanilla" else args.draft_budget}  # the record's (run_command)
+               "draft_budget": 0 if kind == "vanilla" else args.draft_budget,  # the record's (run_command)
+               "max_verify_rows": None if kind == "vanilla" else args.max_verify_rows}
         if capacity is not None:
             row.update(fold_capacity=capacity[0], fold_shares=capacity[1], min_packed=args.min_packed,
                        capacity_spread=args.capacity_spread)
@@ -338,6 +349,10 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=22, help="record: test-split prompts per task")
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--record-slots", type=int, default=8, help="record: the engine's slots")
+    ap.add_argument("--record-requests", type=int, default=None,
+                    help="record: requests served, the prompts in turn (default: each prompt once)")
+    ap.add_argument("--max-verify-rows", type=int, default=None,
+                    help="record: Engine(max_verify_rows=R), drafts cut to R rows a forward (a row's max_verify_rows)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--tau", type=float, default=0.1, help="SpecFold's fold threshold (mode specfold)")
     ap.add_argument("--draft-budget", type=int, default=16, help="record: Spiffy's drafts a call (a replay takes "

@@ -49,5 +49,8 @@ def fold_capacity(label: str, recorded: list[dict], gates: int) -> tuple[str, fl
     from specfold_compile.serving.graphs import capacity_from_masks
 
     margin = {"margin": float(label.removeprefix("record:"))} if ":" in label else {}
-    masks = [c["fold_masks"] for r in recorded for c in r["forced"]["calls"] if c.get("fold_masks") is not None]
+    masks = [c["fold_masks"] for r in recorded for c in r["forced"]["calls"]
+             if c.get("fold_masks") is not None and c["fold_masks"].shape[1] > 1]
+    if not masks:  # no call with drafts (a record under a row limit): no folded forward to size
+        return label, 1.0
     return label, capacity_from_masks((m[recorded_gates(m.shape[0], gates)] for m in masks), **margin)

@@ -31,8 +31,8 @@ class _Forcing:
         super().start_block(seed)
         self.state = self.forced["starts"][self.blocks - 1].clone()
 
-    def rows(self):
-        super().rows()
+    def rows(self, draft_budget=None):
+        super().rows(draft_budget)
         call = self.forced["calls"][len(self.steps)]
         self._rows = (call["rows"], call["parents"])
         tally, stats = self.tally  # this engine forward's rows and logit positions so far

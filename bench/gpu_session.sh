@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|cli [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|cli [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -134,6 +134,26 @@ case "$part" in
                       --out "$OUT/batched_$m.json" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
                   done
                   python -m bench.plot "$OUT/batched.json" "$OUT"/batched_fast-dllm-v2-*.json ;;
+  batched_rows)   # Engine(max_verify_rows=R), drafts cut under load (docs/serving.md): a record a concurrency, each
+                  # made on the CPU as its replay serves it (max(16, 4 C) requests on C slots; ~2 min for the four),
+                  # then Spiffy and SpecFold under Inductor from CUDA graphs, each record at its own concurrency
+                  # (~1-2 min a concurrency at 7B); R: BATCHED_ROWS (16); one shape per call: BATCHED_MODELS=...
+                  rows=${BATCHED_ROWS:-16}
+                  for c in 1 4 16 64; do
+                    [ -f "$OUT/rows${rows}_c$c.pt" ] || python -m bench.batched record --modes spiffy,specfold \
+                      --max-verify-rows "$rows" --record-slots "$c" --record-requests $(( c * 4 > 16 ? c * 4 : 16 )) \
+                      --out "$OUT/rows${rows}_c$c.pt" 2>&1 | tee -a "$OUT/log.txt"
+                  done
+                  for m in ${BATCHED_MODELS:-fast-dllm-v2-1.5b fast-dllm-v2-7b}; do
+                    pool=(); [ "$m" = fast-dllm-v2-7b ] && pool=(--pool-tokens 4096)
+                    for c in 1 4 16 64; do
+                      python -m bench.batched replay --trace "$OUT/rows${rows}_c$c.pt" --device cuda --models "$m" \
+                        --attention ragged --cuda-graphs on --fold-capacity record --modes spiffy_compiled,specfold_compiled \
+                        --concurrency "$c" --repeats 2 "${pool[@]}" --out "$OUT/rows${rows}_${m}_c$c.json" "${extra[@]}" \
+                        2>&1 | tee -a "$OUT/log.txt"
+                    done
+                  done
+                  python -m bench.plot "$OUT/batched.json" "$OUT"/rows"${rows}"_fast-dllm-v2-*.json ;;
   cli)            # the command line on the GPU, from the source tree: `specfold generate` on the first
                   # demo problem, Spiffy and SpecFold, tau 0 and 0.1, launched, with --cuda-graphs and with
                   # --compile-writes (SpecFold); per run its rc, the md5 and first line of the text before the

@@ -22,6 +22,9 @@ def _series(data: dict) -> list[str]:
 
 def _series_label(series: str) -> str:
     mode, *paths = series.split("+")
+    rows = next((p.removeprefix("rows ") for p in paths if p.startswith("rows ")), None)
+    if rows is not None:  # Engine(max_verify_rows=R): drafts cut under load
+        return _series_label(series.removesuffix(f"+rows {rows}")) + f", at most {rows} rows a forward"
     drafts = next((p.removeprefix("drafts ") for p in paths if p.startswith("drafts ")), None)
     if drafts is not None:  # a record of another draft budget than the default
         word = "draft" if drafts == "1" else "drafts"

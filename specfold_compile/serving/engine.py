@@ -15,92 +15,34 @@ of running ones, each running request in its own pool slot. One ``step()``:
 
 Requests join whenever a slot is free (their first block starts at their own block boundary) and leave
 as soon as they are done, so a long request never holds up a short one. Each request decodes the tokens,
-draft acceptances and forwards of ``generate`` on that request alone (``request.RequestDecode``).
+draft acceptances and forwards of ``generate`` on that request alone (``request.RequestDecode``), unless
+``max_verify_rows`` cuts its drafts under load (``Engine.draft_budgets``).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
 
-from ..decoding import DEFAULTS, GenerateResult, default_draft_graph, load_draft_graph
+from ..decoding import DEFAULTS, default_draft_graph, load_draft_graph
 from ..decoding.commit import confidence
 from ..decoding.defaults import CONFIDENCE_DTYPES
 from ..decoding.specfold import check_tau
+from ..reference import gate_count
 from .compiled import base_model, check_compile_layers, compiled_model
 from .folded import verify_batch_folded
 from .forward import check_serving_model, engine_attention, verify_batch, write_blocks
 from .graphs import BatchGraphs, check_fold_capacity
+from .outputs import BlockOutput, EngineStats, RequestOutput
 from .pool import KVPool, PoolExhausted
 from .request import RequestDecode, RequestParams, seed_tokens
 
 __all__ = ["Engine", "BlockOutput", "RequestOutput", "EngineStats", "SERVING_MODES"]
 
 SERVING_MODES = ("vanilla", "spiffy", "specfold")
-STATUSES = ("waiting", "running", "finished", "failed", "aborted")
-
-
-@dataclass(frozen=True)
-class BlockOutput:
-    """One finished block of one request, as ``step`` hands it out. ``index``: the request's block number
-    (0-based); ``finished``: the request's last output (then ``status`` says how it ended). A request
-    that fails gives one last output with no tokens, ``index`` the block it was decoding and ``error``
-    set."""
-
-    request_id: int
-    index: int
-    tokens: list[int]
-    finished: bool
-    status: str = "running"
-    error: str | None = None
-
-
-@dataclass
-class RequestOutput:
-    """A request's record: ``status`` (one of ``STATUSES``), its finished blocks so far, and once finished
-    ``result`` (a ``decoding.GenerateResult``, as ``generate`` on that request alone returns it) or
-    ``error`` (failed). ``fold_masks`` (``mode="specfold"``): each of its verification calls' fold masks,
-    bool ``[G, N, B]`` (G gates: one a decoder layer; N the call's rows, ``result.steps``' branches), in
-    call order."""
-
-    request_id: int
-    status: str
-    blocks: list[list[int]] = field(default_factory=list)
-    result: GenerateResult | None = None
-    error: str | None = None
-    fold_masks: list[torch.Tensor] = field(default_factory=list)
-
-    @property
-    def tokens(self) -> list[int]:
-        return [t for block in self.blocks for t in block]
-
-
-@dataclass
-class EngineStats:
-    """What the engine ran: verification forwards (and the rows and requests they covered), batched block
-    writes, prefills; under SpecFold the draft positions its gates saw (summed over gates) and folded,
-    and (``cuda_graphs``) the replays of a forward that overflowed a graph's packed rows, each replayed
-    again from the next capacity level's graph."""
-
-    verify_calls: int = 0
-    verify_rows: int = 0
-    verify_requests: int = 0
-    write_calls: int = 0
-    written_blocks: int = 0
-    prefills: int = 0
-    gated_draft_positions: int = 0
-    folded_draft_positions: int = 0
-    overflows: int = 0
-
-    @property
-    def recompute_ratio(self) -> float:
-        """SpecFold: the share of gated draft positions computed rather than folded (1.0 before any)."""
-        gated = self.gated_draft_positions
-        return 1.0 - self.folded_draft_positions / gated if gated else 1.0
 
 
 class Engine:
@@ -123,13 +65,19 @@ class Engine:
     rows' positions a gate is expected to compute, one number or one a gate, which its graphs pack with
     a margin (``graphs``' module docstring, ``graphs.capacity_from_masks``; a forward that computes more
     is replayed again at a larger capacity, ``stats.overflows``); a shared ``BatchGraphs`` keeps its own
-    (and its ``gate``, ``min_packed``, ``capacity_spread``)."""
+    (and its ``gate``, ``min_packed``, ``capacity_spread``). ``max_verify_rows``: None (default), or the
+    rows (mains and drafts) one verification forward may hold, an int >= 1 (``draft_budgets``)."""
 
     def __init__(self, model, max_requests: int = 8, max_tokens_per_request: int = 1024, mode: str = "vanilla",
                  draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None,
                  tau: float | None = None, attention: str = "auto", cuda_graphs=False,
-                 fold_capacity: float | tuple[float, ...] = 0.5, compile_layers: bool | str = False):
+                 fold_capacity: float | tuple[float, ...] = 0.5, compile_layers: bool | str = False,
+                 max_verify_rows: int | None = None):
         check_serving_model(model)
+        if max_verify_rows is not None and (isinstance(max_verify_rows, bool) or not isinstance(max_verify_rows, int)
+                                            or max_verify_rows < 1):
+            raise ValueError(f"max_verify_rows: expected None or an int >= 1, got {max_verify_rows!r}")
+        self.max_verify_rows = max_verify_rows
         backend = check_compile_layers(compile_layers)
         self.device = model.embed_tokens.weight.device
         graphs = _check_graphs(cuda_graphs, attention)
@@ -326,8 +274,23 @@ class Engine:
         events.append(BlockOutput(decode.request_id, decode.blocks - 1 if decode.blocks else 0, [], True, "failed",
                                   out.error))
 
+    def draft_budgets(self, ready: int) -> int | None:
+        """The most drafts each of ``ready`` requests may run in one verification forward: None (each its
+        own ``draft_budget``) without ``max_verify_rows``; with it, the rows the mains leave, shared
+        evenly (rounded down; a request still runs at most its own budget). So speculation fades as load
+        grows: one request gets ``max_verify_rows - 1`` drafts, as many requests as rows get none, and
+        the engine then runs vanilla's forwards, where a forward of many requests is compute-bound and a
+        draft's rows cost about what its accepted tokens save. The lossless modes (vanilla, Spiffy,
+        SpecFold at ``tau=0``) commit the same tokens under any budget, only their forwards depend on the
+        load; SpecFold at ``tau > 0`` commits through its drafts' folded rows, so its tokens may then
+        depend on the other requests (leave it None for batch-independent results)."""
+        if self.max_verify_rows is None:
+            return None
+        return max(0, self.max_verify_rows - ready) // ready
+
     def _verify(self, ready: list[RequestDecode], events: list[BlockOutput]) -> None:
-        rows = [d.rows() for d in ready]
+        budget = self.draft_budgets(len(ready))
+        rows = [d.rows(budget) for d in ready]
         positions = [d.logit_positions(r) for d, r in zip(ready, rows)]
         run = self._replayed if self.graphs is not None else self._launched
         conf, tok = run(ready, rows, positions)
@@ -349,10 +312,20 @@ class Engine:
             self.stats.gated_draft_positions += int(m[:, 1:].numel())
             self.stats.folded_draft_positions += int(m.sum())
 
+    def _draftless(self, ready, rows) -> bool:
+        """Whether a SpecFold step has no draft to fold (each request's main row alone, as under load with
+        ``max_verify_rows``): it then runs the plain forward, which is the folded one's (a main row is
+        never folded), and notes the masks that fold nothing."""
+        if any(int(r.shape[0]) > 1 for r in rows):
+            return False
+        gates = gate_count(len(self.model.layers), "layer" if self.graphs is None else self.graphs.gate)
+        self._note_masks(ready, [torch.zeros(gates, 1, int(r.shape[1]), dtype=torch.bool) for r in rows])
+        return True
+
     def _replayed(self, ready, rows, positions):
         """The forward replayed (``graphs.BatchGraphs.verify``): the confidences on the host."""
         slots = [d.slot for d in ready]
-        if self.mode != "specfold":
+        if self.mode != "specfold" or self._draftless(ready, rows):
             res = self.graphs.verify(slots, rows, positions, self.confidence_dtype)
             return res.conf, res.tok
         forced = [d.forced_fold_masks() for d in ready]
@@ -365,7 +338,7 @@ class Engine:
     def _launched(self, ready, rows, positions):
         """The forward launched: the confidences on the host."""
         args = (self.model, self.pool, [d.slot for d in ready], [r.to(self.device) for r in rows])
-        if self.mode == "specfold":
+        if self.mode == "specfold" and not self._draftless(ready, rows):
             forced = [d.forced_fold_masks() for d in ready]
             logits, masks = verify_batch_folded(*args, [d.parents for d in ready],
                                                 [p.to(self.device) for p in positions], self.tau,

@@ -111,11 +111,13 @@ class RequestDecode:
         return self._finished(self.state)
 
     # --- a verification call ----------------------------------------------------------------------
-    def rows(self) -> torch.Tensor:
-        """The rows of this request's next verification call (int64 [N, B], row 0 the main state)."""
+    def rows(self, draft_budget: int | None = None) -> torch.Tensor:
+        """The rows of this request's next verification call (int64 [N, B], row 0 the main state), with at
+        most ``draft_budget`` drafts if given (the engine's share under load) and ``params.draft_budget``."""
+        budget = self.params.draft_budget if draft_budget is None else min(draft_budget, self.params.draft_budget)
         if self.spiffy and self.prev is not None:
             drafts = build_drafts(self.state, self.prev[0], self.prev[1], self.graph, self.mask_id,
-                                  self.scoring.sub_block_size, self.params.draft_budget, self._finished)
+                                  self.scoring.sub_block_size, budget, self._finished)
             rows, parents = torch.stack([self.state] + drafts.states), [-1] + drafts.parents
         else:
             rows, parents = self.state.unsqueeze(0), [-1]

@@ -115,6 +115,29 @@ def test_a_record_of_fewer_drafts_replays_as_its_own_series(tmp_path):
         "| Spiffy, eager, 1 draft a call (tokens/s) | Spiffy, eager, 1 draft a call p50 / p99 (ms) |")
 
 
+def test_a_record_with_a_row_limit_replays_its_own_steps(tmp_path):
+    """``--max-verify-rows``: made at the replay's concurrency and workload, every forward of the record
+    and of its replay holds at most the limit's rows (three requests, four rows: no drafts while all three
+    run), and the rows are a series of their own."""
+    path = tmp_path / "r4.pt"
+    assert batched.main(["record", "--limit", "1", "--tasks", "math,instruct", "--max-new-tokens", "40",
+                         "--modes", "spiffy", "--max-verify-rows", "4", "--record-slots", "3",
+                         "--record-requests", "3", "--out", str(path)]) == 0
+    record = torch.load(path, weights_only=False)
+    assert record["max_verify_rows"] == 4 and len(record["requests"]) == 3
+    assert record["requests"][0]["prompt"].tolist() == record["requests"][2]["prompt"].tolist()
+    calls = [c for r in record["requests"] for c in r["spiffy"]["calls"]]
+    assert max(c["rows"].shape[0] for c in calls) <= 4 and any(c["rows"].shape[0] > 1 for c in calls)
+    rows = _replay(path, tmp_path / "r4.json", "--modes", "spiffy", "--concurrency", "3", "--requests", "3",
+                   "--per-slot", "1")["rows"]
+    assert rows[0]["trace_reproduced"] is True and rows[0]["max_verify_rows"] == 4
+    assert rows[0]["max_rows_per_forward"] <= 4 and plot.serving_series(rows[0]) == "spiffy+rows 4"
+    free = {**rows[0], "max_verify_rows": None}
+    assert plot._point(free) != plot._point(rows[0])
+    assert report.render_batched_headline({"rows": [rows[0]]})[0].endswith(
+        "| Spiffy, eager, at most 4 rows a forward (tokens/s) | Spiffy, eager, at most 4 rows a forward p50 / p99 (ms) |")
+
+
 def test_a_point_out_of_memory_is_named_and_the_others_run(trace, tmp_path, monkeypatch):
     serve = batched.serve
 
@@ -191,8 +214,11 @@ def test_a_specfold_replay_forces_the_recorded_fold_masks(trace, tmp_path, monke
                    "--per-slot", "1")
     assert data["rows"][0]["trace_reproduced"] is True
     assert all(forced is not None and len(forced) == 1 for forced in seen)  # one request a forward here
-    timed = [forced[0] for forced in seen[-len(calls):]]  # the timed run: request 0's calls, then request 1's
-    for m, c in zip(timed, calls):
+    drafted = [c for c in calls if c["rows"].shape[0] > 1]  # a call without drafts runs the plain forward
+    assert all(not c["fold_masks"].any() for c in calls if c["rows"].shape[0] == 1)
+    timed = [forced[0] for forced in seen[-len(drafted):]]  # the timed run: request 0's calls, then request 1's
+    assert len(timed) == len(drafted)
+    for m, c in zip(timed, drafted):
         g_rec, g = c["fold_masks"].shape[0], m.shape[0]
         assert torch.equal(m, c["fold_masks"][[i * g_rec // g for i in range(g)]])
 

@@ -201,9 +201,9 @@ def test_submit_queues_a_decode_state_as_add_request_does(model):
     class Counting(RequestDecode):
         calls = 0
 
-        def rows(self):
+        def rows(self, draft_budget=None):
             Counting.calls += 1
-            return super().rows()
+            return super().rows(draft_budget)
 
     engine = Engine(model, max_requests=2, max_tokens_per_request=128, mode="spiffy")
     plain = engine.add_request(_prompt(9, 3), LONG)

@@ -129,14 +129,19 @@ def test_kept_fold_masks_survive_later_replays():
     not overwritten by later replays of the same graph."""
     # the tiny rows are fewer than MIN_PACKED: every graph packs every position, one graph a row bucket
     engine = Engine(tiny_model(FAMILIES[0]), 2, MAX_TOKENS, mode="specfold", tau=0.3, cuda_graphs="eager")
-    workload = dict(seed=9, lengths=(10, 4), budgets=(3, 3), thresholds=(0.9, 0.5))
+    workload = dict(seed=9, lengths=(10, 4), budgets=(8, 8), thresholds=(0.9, 0.5))
     ids = [engine.add_request(p, r) for p, r in _workload(**workload)]
-    recorded = {i: [] for i in ids}
+    recorded, folded_steps = {i: [] for i in ids}, 0
     while engine.has_work:
         engine.step()
+        new = {i: engine.output(i).fold_masks[len(recorded[i]):] for i in ids}
+        folded_steps += any(m.shape[1] > 1 for ms in new.values() for m in ms)  # a step with drafts
         for i in ids:
-            recorded[i] += [m.clone() for m in engine.output(i).fold_masks[len(recorded[i]):]]
-    assert engine.graphs.replays > 0 and sum(len(m) for m in recorded.values()) == engine.stats.verify_requests
+            recorded[i] += [m.clone() for m in new[i]]
+    assert sum(len(m) for m in recorded.values()) == engine.stats.verify_requests
+    # a step without drafts runs the plain forward's graph; more steps with drafts than folded graphs
+    # captured: some folded graph was replayed again
+    assert folded_steps > sum(1 for key in engine.graphs.graphs if key[0] == "verify" and key[5])
     _assert_same_masks([engine.output(i).fold_masks for i in ids], [recorded[i] for i in ids], "kept masks")
 
 
