@@ -3,7 +3,7 @@ alone (its fold masks exactly, its logits bit for bit on the CPU), and a request
 ``Engine(mode="specfold")`` gets the tokens of its batch-1 SpecFold decode (``generate(mode="specfold")``
 through the compiled backend): at tau = 0 (where it is also Spiffy's), and at tau > 0 with the batch-1
 forward's folds forced to the masks the engine's gates chose; a request's masks do not depend on the
-other requests in the batch."""
+other requests in the batch. The shipped model too, on task-suite prompts, in every mode."""
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -277,3 +277,38 @@ def test_the_ragged_attention_path_folds_alike(family):
     assert any(m.any() for m in masks) and all(torch.equal(a, b) for a, b in zip(again, masks))
     for a, b in zip(ragged, base):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    from specfold_compile.loading import default_model_available, encode, load_model
+    from specfold_compile.tasks import sample
+
+    if not default_model_available():
+        pytest.skip("no shipped model")
+    model = load_model(None)
+    return model, [encode(model, p.prompt) for task in ("math", "code", "instruct") for p in sample(task, "test", 2)]
+
+
+@pytest.mark.parametrize("stop_at_eos", [True, False])
+def test_the_shipped_model_batched_is_each_prompt_alone(shipped, stop_at_eos):
+    """The shipped model on task-suite prompts, six requests on three slots (they join as others leave;
+    without the eos stop every one decodes all its tokens): each request decodes, batched, its batch-1
+    decode in every mode (vanilla's tokens; Spiffy's and SpecFold's at tau = 0 with Spiffy's acceptances
+    and forwards), and at tau = 0.1 its batch-1 SpecFold decode folding the masks the engine chose."""
+    model, prompts = shipped
+    params = RequestParams(max_new_tokens=48, stop_at_eos=stop_at_eos)
+    kwargs = dict(max_new_tokens=48, stop_at_eos=stop_at_eos, max_requests=3)
+    vanilla = specfold_compile.generate(model, prompts, mode="vanilla", **kwargs)
+    spiffy = specfold_compile.generate(model, prompts, mode="spiffy", **kwargs)
+    folded = specfold_compile.generate(model, prompts, mode="specfold", tau=0.0, **kwargs)
+    engine, outs = _run(model, prompts, [params] * len(prompts), [0] * len(prompts), 0.1, 3)
+    assert engine.stats.folded_draft_positions > 0  # the shipped model's drafts fold at this tau
+    assert sum(v.nfe for v in vanilla) > sum(s.nfe for s in spiffy)  # and they are accepted
+    for prompt, v, s, f, out in zip(prompts, vanilla, spiffy, folded, outs):
+        alone = generate_one(model, prompt, mode="spiffy", max_new_tokens=48, stop_at_eos=stop_at_eos)
+        _same(s, alone)
+        _same(f, alone)
+        assert v.tokens == alone.tokens and v.nfe >= alone.nfe
+        forced, _ = _batch1_forced(model, prompt, params, 0.1, out.fold_masks)
+        _same(out.result, forced)
