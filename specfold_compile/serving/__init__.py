@@ -6,7 +6,9 @@ Public API::
     Engine(model, max_requests=8, max_tokens_per_request=1024, mode="vanilla"|"spiffy"|"specfold",
            draft_graph=None, confidence_dtype=, max_waiting=None, tau=None, attention="auto",
            cuda_graphs=False | True | "eager" | BatchGraphs, fold_capacity=0.5,
-           compile_layers=False | True | backend)  # True: Inductor on each layer's position-wise pieces
+           compile_layers=False | True | backend,  # True: Inductor on each layer's position-wise pieces
+           max_verify_rows=None)  # R: the rows one verification forward holds, drafts cut under load
+        .draft_budgets(n) -> the drafts each of n requests runs in a step (None: its own draft_budget)
         .add_request(prompt_ids, RequestParams(...)) -> id   .step() -> [BlockOutput]   .run()
         .abort(id)   .output(id) -> RequestOutput   .pop(id)   .stats   .pool
         .new_decode(prompt_ids, params) -> RequestDecode   .submit(decode) -> id   # add_request's two halves
@@ -20,7 +22,8 @@ Public API::
 """
 
 from .batch import generate, generate_batch
-from .engine import SERVING_MODES, BlockOutput, Engine, EngineStats, RequestOutput
+from .engine import SERVING_MODES, Engine
+from .outputs import BlockOutput, EngineStats, RequestOutput
 from .folded import verify_batch_folded
 from .graphs import BatchGraphs, capacity_from_masks
 from .pool import KVPool, PoolExhausted

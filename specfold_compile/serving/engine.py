@@ -40,7 +40,7 @@ from .outputs import BlockOutput, EngineStats, RequestOutput
 from .pool import KVPool, PoolExhausted
 from .request import RequestDecode, RequestParams, seed_tokens
 
-__all__ = ["Engine", "BlockOutput", "RequestOutput", "EngineStats", "SERVING_MODES"]
+__all__ = ["Engine", "SERVING_MODES"]
 
 SERVING_MODES = ("vanilla", "spiffy", "specfold")
 
