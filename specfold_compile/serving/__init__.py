@@ -8,7 +8,7 @@ Public API::
            cuda_graphs=False | True | "eager" | BatchGraphs, fold_capacity=0.5,
            compile_layers=False | True | backend,  # True: Inductor on each layer's position-wise pieces
            max_verify_rows=None)  # R: the rows one verification forward holds, drafts cut under load
-        .draft_budgets(n) -> the drafts each of n requests runs in a step (None: its own draft_budget)
+        .rows_for([decode, ...]) -> each ready request's rows of one step (drafts cut by max_verify_rows)
         .add_request(prompt_ids, RequestParams(...)) -> id   .step() -> [BlockOutput]   .run()
         .abort(id)   .output(id) -> RequestOutput   .pop(id)   .stats   .pool
         .new_decode(prompt_ids, params) -> RequestDecode   .submit(decode) -> id   # add_request's two halves

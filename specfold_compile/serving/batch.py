@@ -43,7 +43,7 @@ def generate_batch(model, prompts, mode: str = "vanilla", max_new_tokens: int = 
     longest request needs) size the ``Engine``'s pool; with fewer slots than prompts the rest wait and
     join as slots free up. ``cuda_graphs``, ``compile_layers`` and ``max_verify_rows`` are the ``Engine``'s
     (its passes replayed from CUDA graphs; its layers' position-wise pieces compiled; the rows a forward
-    holds, drafts cut under load, ``Engine.draft_budgets``: the lossless modes' tokens stay the same,
+    holds, drafts cut under load, ``Engine.rows_for``: the lossless modes' tokens stay the same,
     their forwards do not). Every prompt is checked
     before anything runs: a bad one raises a one-line error naming its index (``prompt_ids[i]: ...``).
     Options of the single-prompt ``generate`` that the engine does not run (``loop="device"``,

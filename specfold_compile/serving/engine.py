@@ -16,7 +16,7 @@ of running ones, each running request in its own pool slot. One ``step()``:
 Requests join whenever a slot is free (their first block starts at their own block boundary) and leave
 as soon as they are done, so a long request never holds up a short one. Each request decodes the tokens,
 draft acceptances and forwards of ``generate`` on that request alone (``request.RequestDecode``), unless
-``max_verify_rows`` cuts its drafts under load (``Engine.draft_budgets``).
+``max_verify_rows`` cuts its drafts under load (``Engine.rows_for``).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class Engine:
     a margin (``graphs``' module docstring, ``graphs.capacity_from_masks``; a forward that computes more
     is replayed again at a larger capacity, ``stats.overflows``); a shared ``BatchGraphs`` keeps its own
     (and its ``gate``, ``min_packed``, ``capacity_spread``). ``max_verify_rows``: None (default), or the
-    rows (mains and drafts) one verification forward may hold, an int >= 1 (``draft_budgets``)."""
+    rows (mains and drafts) one verification forward may hold, an int >= 1 (``rows_for``)."""
 
     def __init__(self, model, max_requests: int = 8, max_tokens_per_request: int = 1024, mode: str = "vanilla",
                  draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None,
@@ -274,23 +274,28 @@ class Engine:
         events.append(BlockOutput(decode.request_id, decode.blocks - 1 if decode.blocks else 0, [], True, "failed",
                                   out.error))
 
-    def draft_budgets(self, ready: int) -> int | None:
-        """The most drafts each of ``ready`` requests may run in one verification forward: None (each its
-        own ``draft_budget``) without ``max_verify_rows``; with it, the rows the mains leave, shared
-        evenly (rounded down; a request still runs at most its own budget). So speculation fades as load
-        grows: one request gets ``max_verify_rows - 1`` drafts, as many requests as rows get none, and
-        the engine then runs vanilla's forwards, where a forward of many requests is compute-bound and a
-        draft's rows cost about what its accepted tokens save. The lossless modes (vanilla, Spiffy,
-        SpecFold at ``tau=0``) commit the same tokens under any budget, only their forwards depend on the
-        load; SpecFold at ``tau > 0`` commits through its drafts' folded rows, so its tokens may then
-        depend on the other requests (leave it None for batch-independent results)."""
+    def rows_for(self, ready: list[RequestDecode]) -> list[torch.Tensor]:
+        """Each ready request's rows for one verification forward (``RequestDecode.rows``). Without
+        ``max_verify_rows`` each runs up to its own ``draft_budget`` drafts. With it the mains always run
+        and the drafts share the rows they leave: the requests in turn, each up to an even share of the
+        rows still free (rounded down, never above its own budget), so what one leaves unused (fewer
+        drafts survived its graph's pruning, or its block's first call has none) goes to the ones after
+        it. One request speculates with ``max_verify_rows - 1`` drafts; from ``max_verify_rows`` requests
+        up none does and the engine runs vanilla's forwards: a forward of many requests is compute-bound,
+        where a draft's rows cost about what its accepted tokens save. The lossless modes (vanilla,
+        Spiffy, SpecFold at ``tau=0``) commit the same tokens under any limit, only their forwards depend
+        on the load; SpecFold at ``tau > 0`` commits through its drafts' folded rows, so its tokens may
+        then depend on the other requests (leave it None for batch-independent results)."""
         if self.max_verify_rows is None:
-            return None
-        return max(0, self.max_verify_rows - ready) // ready
+            return [d.rows() for d in ready]
+        free, rows = max(0, self.max_verify_rows - len(ready)), []
+        for k, d in enumerate(ready):
+            rows.append(d.rows(free // (len(ready) - k)))
+            free -= int(rows[-1].shape[0]) - 1
+        return rows
 
     def _verify(self, ready: list[RequestDecode], events: list[BlockOutput]) -> None:
-        budget = self.draft_budgets(len(ready))
-        rows = [d.rows(budget) for d in ready]
+        rows = self.rows_for(ready)
         positions = [d.logit_positions(r) for d, r in zip(ready, rows)]
         run = self._replayed if self.graphs is not None else self._launched
         conf, tok = run(ready, rows, positions)
