@@ -20,7 +20,7 @@ row's ``draft_budget``: the record's; fewer drafts, fewer rows a forward and few
 requests share the step, so such a record is made for one concurrency, ``--record-slots C`` and
 ``--record-requests N`` (the prompts in turn) as the replay at ``--concurrency C`` serves them
 (``max(--requests, --per-slot * C)``); that replay then takes each step's record as it was made (a row's
-``max_verify_rows``).
+``max_verify_rows``), and a replay at another concurrency or request count is refused.
 
 Arrivals. ``--arrival closed`` (default): ``C`` clients, each sending its next request as soon as its
 last one finished; served as ``max(--requests, --per-slot * C)`` requests (default: 16, and 4 a slot)
@@ -244,6 +244,12 @@ def replay(args, trace: dict, name: str) -> list[dict]:
     from specfold_compile.serving.batch import _positions_needed
 
     cuda = args.device == "cuda"
+    if trace.get("max_verify_rows") is not None:  # its drafts a call follow the steps it was made in
+        made = (trace["record_slots"], len(trace["requests"]))
+        served = [(c, max(args.requests, args.per_slot * c)) for c in args.concurrency]
+        if any(point != made for point in served):
+            raise SystemExit(f"--concurrency: a record made with --max-verify-rows replays as it was made, on "
+                             f"{made[0]} slots with {made[1]} requests; got (slots, requests) {served}")
     model = build(name, device=args.device, dtype=torch.bfloat16 if cuda else torch.float32, seed=0, **args.override)
     cfg = model.config
     if cfg.block_size != trace["block_size"]:

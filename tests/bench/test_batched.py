@@ -132,6 +132,10 @@ def test_a_record_with_a_row_limit_replays_its_own_steps(tmp_path):
                    "--per-slot", "1")["rows"]
     assert rows[0]["trace_reproduced"] is True and rows[0]["max_verify_rows"] == 4
     assert rows[0]["max_rows_per_forward"] <= 4 and plot.serving_series(rows[0]) == "spiffy+rows 4"
+    with pytest.raises(SystemExit, match=r"replays as it was made, on 3 slots with 3 requests; got \(slots, "
+                                         r"requests\) \[\(2, 3\)\]"):
+        _replay(path, tmp_path / "off.json", "--modes", "spiffy", "--concurrency", "2", "--requests", "3",
+                "--per-slot", "1")
     free = {**rows[0], "max_verify_rows": None}
     assert plot._point(free) != plot._point(rows[0])
     assert report.render_batched_headline({"rows": [rows[0]]})[0].endswith(
