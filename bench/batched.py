@@ -128,7 +128,8 @@ def record(args) -> dict:
               "forwards", flush=True)
     return {"model": args.model or "specfold-tiny", "modes": list(modes), "draft_graph": graph,
             "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
-            "max_verify_rows": args.max_verify_rows, "record_slots": args.record_slots, "stop_at_eos": not args.no_eos_stop, "mask_token_id": cfg.mask_token_id, "eos_token_id": cfg.eos_token_id,
+            "max_verify_rows": args.max_verify_rows, "record_slots": args.record_slots,
+            "stop_at_eos": not args.no_eos_stop, "mask_token_id": cfg.mask_token_id, "eos_token_id": cfg.eos_token_id,
             "vocab_size": cfg.vocab_size, "block_size": cfg.block_size, "family": cfg.family, "requests": requests}
 
 
