@@ -32,10 +32,11 @@ from ..decoding.commit import confidence
 from ..decoding.defaults import CONFIDENCE_DTYPES
 from ..decoding.specfold import check_tau
 from ..reference import gate_count
-from .compiled import base_model, check_compile_layers, compiled_model
+from .compiled import check_compile_layers, compiled_model
+from .device_steps import SlotSteps
 from .folded import verify_batch_folded
 from .forward import check_serving_model, engine_attention, verify_batch, write_blocks
-from .graphs import BatchGraphs, check_fold_capacity
+from .graphs import BatchGraphs, check_cuda_graphs, check_fold_capacity, shared_graphs
 from .outputs import BlockOutput, EngineStats, RequestOutput
 from .pool import KVPool, PoolExhausted
 from .request import RequestDecode, RequestParams, seed_tokens
@@ -66,21 +67,29 @@ class Engine:
     a margin (``graphs``' module docstring, ``graphs.capacity_from_masks``; a forward that computes more
     is replayed again at a larger capacity, ``stats.overflows``); a shared ``BatchGraphs`` keeps its own
     (and its ``gate``, ``min_packed``, ``capacity_spread``). ``max_verify_rows``: None (default), or the
-    rows (mains and drafts) one verification forward may hold, an int >= 1 (``rows_for``)."""
+    rows (mains and drafts) one verification forward may hold, an int >= 1 (``rows_for``). ``loop``:
+    ``"host"`` (default) runs each request's commits, acceptance walk and drafts in Python;
+    ``"device"`` runs them for every request of a step at once as tensor ops on the model's device
+    (``device_steps``: the same tokens), which ``max_verify_rows`` does not take."""
 
     def __init__(self, model, max_requests: int = 8, max_tokens_per_request: int = 1024, mode: str = "vanilla",
                  draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None,
                  tau: float | None = None, attention: str = "auto", cuda_graphs=False,
                  fold_capacity: float | tuple[float, ...] = 0.5, compile_layers: bool | str = False,
-                 max_verify_rows: int | None = None):
+                 max_verify_rows: int | None = None, loop: str = "host"):
         check_serving_model(model)
+        if loop not in ("host", "device"):
+            raise ValueError(f"loop: expected 'host' or 'device', got {loop!r}")
+        if loop == "device" and max_verify_rows is not None:
+            raise ValueError("max_verify_rows: loop='device' builds each call's drafts with its request's whole "
+                             "draft_budget; leave max_verify_rows None, or use loop='host'")
         if max_verify_rows is not None and (isinstance(max_verify_rows, bool) or not isinstance(max_verify_rows, int)
                                             or max_verify_rows < 1):
             raise ValueError(f"max_verify_rows: expected None or an int >= 1, got {max_verify_rows!r}")
         self.max_verify_rows = max_verify_rows
         backend = check_compile_layers(compile_layers)
         self.device = model.embed_tokens.weight.device
-        graphs = _check_graphs(cuda_graphs, attention)
+        graphs = check_cuda_graphs(cuda_graphs, attention)
         check_fold_capacity(fold_capacity)
         self.attention = engine_attention("ragged" if graphs else attention, self.device)
         if not isinstance(mode, str) or mode not in SERVING_MODES:
@@ -105,7 +114,7 @@ class Engine:
         self.tau = tau
         self.max_requests = max_requests
         if isinstance(cuda_graphs, BatchGraphs):
-            self.graphs = _shared_graphs(cuda_graphs, model, max_requests, max_tokens_per_request, backend)
+            self.graphs = shared_graphs(cuda_graphs, model, max_requests, max_tokens_per_request, backend)
         elif graphs:
             self.graphs = BatchGraphs(model, max_requests, max_tokens_per_request,
                                       "cuda" if cuda_graphs is True else "eager", fold_capacity,
@@ -115,6 +124,7 @@ class Engine:
         # what the passes run: the model, or its view with the layers compiled (compiled.ModelView)
         self.model = compiled_model(model, backend) if self.graphs is None else self.graphs.model
         self.pool = KVPool(model, max_requests, max_tokens_per_request) if self.graphs is None else self.graphs.pool
+        self.device_steps = None if loop == "host" else SlotSteps(max_requests, block, self.device, self.graph)
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._waiting: deque[RequestDecode] = deque()
@@ -295,14 +305,25 @@ class Engine:
         return rows
 
     def _verify(self, ready: list[RequestDecode], events: list[BlockOutput]) -> None:
-        rows = self.rows_for(ready)
-        positions = [d.logit_positions(r) for d, r in zip(ready, rows)]
+        steps = self.device_steps
         run = self._replayed if self.graphs is not None else self._launched
-        conf, tok = run(ready, rows, positions)
+        if steps is None:
+            rows = self.rows_for(ready)
+            positions = [d.logit_positions(r) for d, r in zip(ready, rows)]
+            conf, tok = run(ready, rows, positions, [d.parents.tolist() for d in ready])
+        else:  # every position of the rows on the device; the bookkeeping there, for all at once
+            steps.load(ready)
+            rows = steps.forward_rows(ready)
+            positions = [torch.arange(r.numel()) for r in rows]
+            conf, tok = run(ready, rows, positions, [steps.next_parents[d.slot] for d in ready], True)
+            outcomes = steps.settle(ready, conf, tok)
         at = 0
-        for d, p in zip(ready, positions):
-            try:  # the commit rule and the drafts' walk on this request's rows alone
-                d.accept(conf[at:at + p.numel()], tok[at:at + p.numel()])
+        for i, (d, p) in enumerate(zip(ready, positions)):
+            try:  # the commit rule and the drafts' walk on this request's rows alone (host), or their outcome
+                if steps is None:
+                    d.accept(conf[at:at + p.numel()], tok[at:at + p.numel()])
+                else:
+                    d.took_step(*outcomes[i])
             except Exception as exc:  # e.g. no progress on non-finite logits: this request fails alone
                 self._fail(d, exc, events)
             at += p.numel()
@@ -327,25 +348,25 @@ class Engine:
         self._note_masks(ready, [torch.zeros(gates, 1, int(r.shape[1]), dtype=torch.bool) for r in rows])
         return True
 
-    def _replayed(self, ready, rows, positions):
-        """The forward replayed (``graphs.BatchGraphs.verify``): the confidences on the host."""
+    def _replayed(self, ready, rows, positions, parents, on_device=False):
+        """The forward replayed (``graphs.BatchGraphs.verify``): the confidences on the host (or device)."""
         slots = [d.slot for d in ready]
         if self.mode != "specfold" or self._draftless(ready, rows):
-            res = self.graphs.verify(slots, rows, positions, self.confidence_dtype)
+            res = self.graphs.verify(slots, rows, positions, self.confidence_dtype, on_device=on_device)
             return res.conf, res.tok
         forced = [d.forced_fold_masks() for d in ready]
-        res = self.graphs.verify(slots, rows, positions, self.confidence_dtype, [d.parents.tolist() for d in ready],
-                                 self.tau, forced if all(m is not None for m in forced) else None)
+        res = self.graphs.verify(slots, rows, positions, self.confidence_dtype, parents, self.tau,
+                                 forced if all(m is not None for m in forced) else None, on_device)
         self.stats.overflows += res.overflows
         self._note_masks(ready, res.masks)
         return res.conf, res.tok
 
-    def _launched(self, ready, rows, positions):
-        """The forward launched: the confidences on the host."""
+    def _launched(self, ready, rows, positions, parents, on_device=False):
+        """The forward launched: the confidences on the host (or device)."""
         args = (self.model, self.pool, [d.slot for d in ready], [r.to(self.device) for r in rows])
         if self.mode == "specfold" and not self._draftless(ready, rows):
             forced = [d.forced_fold_masks() for d in ready]
-            logits, masks = verify_batch_folded(*args, [d.parents for d in ready],
+            logits, masks = verify_batch_folded(*args, [torch.tensor(p, dtype=torch.long) for p in parents],
                                                 [p.to(self.device) for p in positions], self.tau,
                                                 forced if all(m is not None for m in forced) else None,
                                                 attention=self.attention,
@@ -356,7 +377,7 @@ class Engine:
         rules = self.model.config.decoding_rules
         conf, tok = confidence(torch.cat(logits), int(self.model.config.mask_token_id), self.confidence_dtype,
                                rules.argmax_of_probs)
-        return conf.cpu(), tok.cpu()
+        return (conf, tok) if on_device else (conf.cpu(), tok.cpu())
 
     def _settle(self, events: list[BlockOutput]) -> None:
         """Hand out finished blocks, retire done requests, write the others' blocks (batched); repeated
@@ -390,35 +411,3 @@ class Engine:
                 d.nfe += 1
                 d.start_block(seed)
 
-
-def _check_graphs(cuda_graphs, attention) -> bool:
-    """Whether the engine replays its passes (``cuda_graphs`` checked: False, True, "eager" or a
-    ``BatchGraphs``; graphs need the ragged attention)."""
-    if not (isinstance(cuda_graphs, (bool, BatchGraphs)) or cuda_graphs == "eager"):
-        raise ValueError(f"cuda_graphs: expected False, True, 'eager' or a BatchGraphs, got {cuda_graphs!r}")
-    if cuda_graphs is False:
-        return False
-    if attention not in ("auto", "ragged"):
-        raise ValueError(f"attention: cuda_graphs replays the ragged attention ('auto' or 'ragged'), got "
-                         f"{attention!r}")
-    return True
-
-
-def _shared_graphs(graphs: BatchGraphs, model, max_requests: int, max_tokens_per_request: int,
-                   backend: str | None) -> BatchGraphs:
-    """A ``BatchGraphs`` handed to a new engine: the same model compiled alike, room for its slots, no slot
-    in use."""
-    if base_model(graphs.model) is not model:
-        raise ValueError("cuda_graphs: a BatchGraphs made for another model")
-    if graphs.compile_layers != backend:
-        raise ValueError(f"compile_layers: the shared BatchGraphs runs its layers "
-                         f"{'compiled by ' + repr(graphs.compile_layers) if graphs.compile_layers else 'eagerly'}; "
-                         f"pass the same compile_layers to the engine")
-    if max_requests > graphs.pool.max_requests or max_tokens_per_request != graphs.pool.capacity:
-        raise ValueError(f"cuda_graphs: its pool has {graphs.pool.max_requests} slots of "
-                         f"{graphs.pool.capacity} positions, the engine asks {max_requests} of "
-                         f"{max_tokens_per_request}")
-    if graphs.pool.used_slots:
-        raise ValueError(f"cuda_graphs: {graphs.pool.used_slots} of its pool's slots are still in use by "
-                         "another engine")
-    return graphs

@@ -59,12 +59,12 @@ from ..decoding.commit import confidence
 from ..decoding.cuda_graphs import REPLAYS, capture_call
 from ..models.layers import PositionTables
 from ..reference import FoldChains, chain_depth, check_gate, folded_layers, gate_count, packed_tables
-from .compiled import check_compile_layers, compiled_model
+from .compiled import base_model, check_compile_layers, compiled_model
 from .forward import row_bounds
 from .pool import KVPool
 
 __all__ = ["BatchGraphs", "VerifyResult", "row_bucket", "request_bucket", "fine_bucket", "capacity_from_masks",
-           "REPLAYS", "MIN_PACKED", "CAPACITY_SPREAD"]
+           "REPLAYS", "MIN_PACKED", "CAPACITY_SPREAD", "check_cuda_graphs", "shared_graphs"]
 
 SMALLEST_BUCKET = 8
 # positions a SpecFold gate packs at least (module docstring): on an H200 one 7B layer's position-wise
@@ -217,11 +217,13 @@ class BatchGraphs:
     # --- verification -----------------------------------------------------------------------------
     def verify(self, slots: list[int], rows: list[Tensor], logit_positions: list[Tensor],
                confidence_dtype: str, parents: list[list[int]] | None = None, tau: float | None = None,
-               forced: list[Tensor] | None = None) -> VerifyResult:
-        """One verification forward over requests in ``slots`` (``rows[i]`` int64 ``[N_i, B]`` on the
-        host, ``logit_positions[i]`` its flat positions ``n * B + p`` whose confidences are wanted), as
-        ``forward.verify_batch`` with ragged attention; with ``parents`` (each request's, host lists) the
-        folded forward at ``tau`` (``forced``: each request's fold masks, bool ``[G, N_i, B]``)."""
+               forced: list[Tensor] | None = None, on_device: bool = False) -> VerifyResult:
+        """One verification forward over requests in ``slots`` (``rows[i]`` int64 ``[N_i, B]``, all on the
+        host or all on the pool's device, ``logit_positions[i]`` its flat positions ``n * B + p`` whose
+        confidences are wanted), as ``forward.verify_batch`` with ragged attention; with ``parents`` (each
+        request's, host lists) the folded forward at ``tau`` (``forced``: each request's fold masks, bool
+        ``[G, N_i, B]``). ``on_device``: the confidences stay on the pool's device (copies), else on the
+        host."""
         counts = [int(r.shape[0]) for r in rows]
         n_rows, n_req, block = sum(counts), len(rows), self.block
         r_pad, q_pad = row_bucket(n_rows), request_bucket(n_req)
@@ -234,8 +236,7 @@ class BatchGraphs:
         lengths = [self.pool.lengths[s] for s in slots]
         tokens = torch.cat(rows)
         pad = r_pad - n_rows
-        parts = [torch.cat((tokens, tokens[:1].expand(pad, block))).flatten(),
-                 torch.tensor([x for x, c in zip(lengths, counts) for _ in range(c)] + [0] * pad),
+        parts = [torch.tensor([x for x, c in zip(lengths, counts) for _ in range(c)] + [0] * pad),
                  torch.tensor(bounds + [r_pad] * (q_pad - n_req)),
                  torch.tensor(list(slots) + [self.pool.spare] * (q_pad - n_req)),
                  torch.tensor(lengths + [0] * (q_pad - n_req)),
@@ -244,7 +245,8 @@ class BatchGraphs:
             offset = [p + bounds[i] if p >= 0 else -1 for i, ps in enumerate(parents) for p in ps]
             parts += [torch.tensor(offset + [0] * pad),  # the padding folds into row 0 ...
                       torch.tensor([0] * n_rows + [1] * pad)]  # ... at every gate
-        inputs = torch.cat(parts)
+        # the rows' tokens where they are (on the device: a copy there), the rest in one copy from the host
+        inputs = [torch.cat((tokens, tokens[:1].expand(pad, block))).flatten(), torch.cat(parts)]
         masks_in = None
         if forced is not None:
             for i, f in enumerate(forced):
@@ -272,7 +274,7 @@ class BatchGraphs:
                 break
             overflows += 1
         # copies: the next replay overwrites the graph's outputs (``.cpu()`` alone is a view on the CPU)
-        conf, tok = (t[:m].to("cpu", copy=True) for t in graph.outputs[:2])
+        conf, tok = (t[:m].clone() if on_device else t[:m].to("cpu", copy=True) for t in graph.outputs[:2])
         if not folded:
             return VerifyResult(conf, tok)
         return VerifyResult(conf, tok, list(masks[:, :n_rows].split(counts, dim=1)), overflows)
@@ -336,7 +338,7 @@ class BatchGraphs:
         tokens = torch.cat((torch.stack(blocks), blocks[0].unsqueeze(0).expand(pad, s)))
         inputs = torch.cat((tokens.flatten(), torch.arange(q_pad + 1),
                             torch.tensor(list(slots) + [self.pool.spare] * pad), torch.tensor(lengths)))
-        graph = self._run(("write", s, q_pad), inputs, None, lambda g: self._write_call(g, s, q_pad))
+        graph = self._run(("write", s, q_pad), [inputs], None, lambda g: self._write_call(g, s, q_pad))
         for slot in slots:
             self.pool.advance(slot, s)
         return graph.outputs[0][:n].tolist()
@@ -364,17 +366,22 @@ class BatchGraphs:
         return (confidence(logits, self.mask_id)[1],)
 
     # --- capture and replay -----------------------------------------------------------------------
-    def _run(self, key: tuple, inputs: Tensor, masks_in: Tensor | None, call) -> _Graph:
+    def _run(self, key: tuple, inputs: list[Tensor], masks_in: Tensor | None, call) -> _Graph:
+        """Replay (or capture, the first time) the graph of ``key``; ``inputs``: the pieces of its input
+        buffer in order, each copied in where it lies (host or device)."""
         graph = self.graphs.get(key)
         if graph is not None:
-            graph.inputs.copy_(inputs, non_blocking=True)
+            at = 0
+            for piece in inputs:
+                graph.inputs[at:at + piece.numel()].copy_(piece, non_blocking=True)
+                at += piece.numel()
             if masks_in is not None:
                 graph.masks_in.copy_(masks_in, non_blocking=True)
             graph.replay()
             self.replays += 1
             return graph
         device = self.pool.device
-        graph = _Graph(inputs.to(device), None if masks_in is None else masks_in.to(device), (), None)
+        graph = _Graph(torch.cat([piece.to(device) for piece in inputs]), None if masks_in is None else masks_in.to(device), (), None)
         if self.replay == "eager":
             graph.outputs = call(graph)
 
@@ -389,6 +396,39 @@ class BatchGraphs:
         self.graphs[key] = graph
         self.captures += 1
         return graph
+
+
+def check_cuda_graphs(cuda_graphs, attention) -> bool:
+    """Whether the engine replays its passes (``cuda_graphs`` checked: False, True, "eager" or a
+    ``BatchGraphs``; graphs need the ragged attention)."""
+    if not (isinstance(cuda_graphs, (bool, BatchGraphs)) or cuda_graphs == "eager"):
+        raise ValueError(f"cuda_graphs: expected False, True, 'eager' or a BatchGraphs, got {cuda_graphs!r}")
+    if cuda_graphs is False:
+        return False
+    if attention not in ("auto", "ragged"):
+        raise ValueError(f"attention: cuda_graphs replays the ragged attention ('auto' or 'ragged'), got "
+                         f"{attention!r}")
+    return True
+
+
+def shared_graphs(graphs: BatchGraphs, model, max_requests: int, max_tokens_per_request: int,
+                   backend: str | None) -> BatchGraphs:
+    """A ``BatchGraphs`` handed to a new engine: the same model compiled alike, room for its slots, no slot
+    in use."""
+    if base_model(graphs.model) is not model:
+        raise ValueError("cuda_graphs: a BatchGraphs made for another model")
+    if graphs.compile_layers != backend:
+        raise ValueError(f"compile_layers: the shared BatchGraphs runs its layers "
+                         f"{'compiled by ' + repr(graphs.compile_layers) if graphs.compile_layers else 'eagerly'}; "
+                         f"pass the same compile_layers to the engine")
+    if max_requests > graphs.pool.max_requests or max_tokens_per_request != graphs.pool.capacity:
+        raise ValueError(f"cuda_graphs: its pool has {graphs.pool.max_requests} slots of "
+                         f"{graphs.pool.capacity} positions, the engine asks {max_requests} of "
+                         f"{max_tokens_per_request}")
+    if graphs.pool.used_slots:
+        raise ValueError(f"cuda_graphs: {graphs.pool.used_slots} of its pool's slots are still in use by "
+                         "another engine")
+    return graphs
 
 
 def _by_row(tables: PositionTables, rows: int, block: int) -> PositionTables:

@@ -21,6 +21,7 @@ import torch
 from ..decoding import DEFAULTS, GenerateResult, StepStats, build_drafts, layout_prompt
 from ..decoding.commit import block_finished, confidence
 from ..decoding.decoder import _Scoring, _validate, commit_and_accept
+from ..decoding.device_step import STATUS_FIELDS
 
 __all__ = ["RequestParams", "RequestDecode", "seed_tokens"]
 
@@ -155,6 +156,17 @@ class RequestDecode:
         if torch.equal(self.state, state):  # cannot happen: every step commits >= 1 non-mask token
             raise RuntimeError("decoding made no progress (non-finite logits?)")
         self.state, self.prev = state, (conf[cur], tok[cur])
+
+    def took_step(self, status: list[int], state: torch.Tensor) -> None:
+        """Record a call whose bookkeeping ran on the device (``Engine(loop="device")``,
+        ``device_steps``): its status word (``STATUS_FIELDS``, then the call's parents) and the new main
+        state (int64 [B], host), as ``accept`` records a call."""
+        _, accepted, stalled, rows = status[:4]
+        self.nfe += 1
+        self.steps.append(StepStats(branches=rows, accepted=accepted, parents=status[len(STATUS_FIELDS):]))
+        if stalled:
+            raise RuntimeError("decoding made no progress (non-finite logits?)")
+        self.state, self.prev = state, None
 
     def end_block(self) -> list[int]:
         """The finished block's output tokens (cut after an eos); sets ``done`` when the request has all

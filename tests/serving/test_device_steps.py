@@ -1,0 +1,66 @@
+"""``Engine(loop="device")``: the bookkeeping of every request of a step as tensor ops on the device
+(``serving.device_steps``) decodes the tokens and forwards of ``loop="host"``, the readable reference,
+whatever the requests' params, arrivals and aborts; its argument errors."""
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specfold_compile.testing import TINY_FAMILIES as FAMILIES, tiny_model
+from specfold_compile.serving import Engine, RequestParams
+
+HSET = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _decode(model, loop, mode, cuda_graphs, requests, max_requests, abort_after=None):
+    """Tokens, forwards and blocks of each request (``requests``: (prompt length, max_new_tokens, draft
+    budget, threshold, steps before it arrives)); ``abort_after``: the first request aborted after that
+    many steps."""
+    gen = torch.Generator().manual_seed(len(requests))
+    engine = Engine(model, max_requests=max_requests, max_tokens_per_request=128, mode=mode, loop=loop,
+                    cuda_graphs=cuda_graphs, **(dict(tau=0.0) if mode == "specfold" else {}))
+    ids, steps = [], 0
+    for length, new, budget, threshold, arrive in requests:
+        for _ in range(arrive):
+            engine.step()
+            steps += 1
+        prompt = torch.randint(0, model.config.vocab_size, (length,), generator=gen)
+        ids.append(engine.add_request(prompt, RequestParams(max_new_tokens=new, draft_budget=budget,
+                                                            threshold=threshold)))
+    while engine.has_work:
+        if abort_after is not None and steps == abort_after:
+            engine.abort(ids[0])
+        engine.step()
+        steps += 1
+    assert engine.pool.free_slots == max_requests
+    outs = [engine.output(i) for i in ids]
+    return [(o.status, o.tokens) + ((o.result.nfe, o.result.blocks) if o.result else ()) for o in outs]
+
+
+@settings(max_examples=6, **HSET)
+@given(family=st.sampled_from(FAMILIES), mode=st.sampled_from(["vanilla", "spiffy", "specfold"]),
+       cuda_graphs=st.sampled_from([False, "eager"]), max_requests=st.integers(1, 3),
+       requests=st.lists(st.tuples(st.integers(1, 30), st.integers(1, 40), st.integers(0, 6),
+                                   st.sampled_from([0.5, 0.9, 1.0]), st.integers(0, 3)), min_size=1, max_size=4))
+def test_device_loop_is_the_host_loop(family, mode, cuda_graphs, max_requests, requests):
+    """Mixed params (several kinds of decode in one step), arrivals mid-run and reused slots."""
+    model = tiny_model(family)
+    host = _decode(model, "host", mode, cuda_graphs, requests, max_requests)
+    assert _decode(model, "device", mode, cuda_graphs, requests, max_requests) == host
+    assert all(status == "finished" for status, *_ in host)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_abort_under_the_device_loop(family):
+    model = tiny_model(family)
+    requests = [(9, 40, 4, 0.9, 0), (20, 30, 2, 0.9, 0), (5, 20, 3, 0.7, 1)]
+    host = _decode(model, "host", "spiffy", False, requests, 2, abort_after=2)
+    assert _decode(model, "device", "spiffy", False, requests, 2, abort_after=2) == host
+    assert host[0][0] == "aborted" and all(status == "finished" for status, *_ in host[1:])
+
+
+def test_loop_argument_errors(model):
+    with pytest.raises(ValueError, match="loop: expected 'host' or 'device'"):
+        Engine(model, loop="gpu")
+    with pytest.raises(ValueError, match="max_verify_rows"):
+        Engine(model, mode="spiffy", loop="device", max_verify_rows=8)
