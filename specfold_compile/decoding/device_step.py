@@ -148,7 +148,7 @@ def rank_of_positions(state: Tensor, conf: Tensor, rules: StepRules) -> Tensor:
     group = pos // rules.sub_block_size if rules.sub_block_size is not None else torch.zeros_like(pos)
     group = torch.where(masked, group, state.shape[-1])  # unmasked positions last
     order = by_conf[torch.sort(group[by_conf], stable=True).indices]
-    return torch.empty_like(order).scatter_(0, order, pos + 1)
+    return torch.empty_like(order).scatter(0, order, pos + 1)  # out of place: torch.vmap batches it
 
 
 def draft_rows(root: Tensor, conf: Tensor, tok: Tensor, info: Tensor, rules: StepRules,

@@ -1,6 +1,8 @@
 """``Engine(loop="device")``: the bookkeeping of every request of a step as tensor ops on the device
 (``serving.device_steps``) decodes the tokens and forwards of ``loop="host"``, the readable reference,
 whatever the requests' params, arrivals and aborts; its argument errors."""
+import warnings
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -37,16 +39,28 @@ def _decode(model, loop, mode, cuda_graphs, requests, max_requests, abort_after=
     return [(o.status, o.tokens) + ((o.result.nfe, o.result.blocks) if o.result else ()) for o in outs]
 
 
-@settings(max_examples=6, **HSET)
+@settings(max_examples=25, **HSET)
 @given(family=st.sampled_from(FAMILIES), mode=st.sampled_from(["vanilla", "spiffy", "specfold"]),
-       cuda_graphs=st.sampled_from([False, "eager"]), max_requests=st.integers(1, 3),
+       max_requests=st.integers(1, 3),
        requests=st.lists(st.tuples(st.integers(1, 30), st.integers(1, 40), st.integers(0, 6),
                                    st.sampled_from([0.5, 0.9, 1.0]), st.integers(0, 3)), min_size=1, max_size=4))
-def test_device_loop_is_the_host_loop(family, mode, cuda_graphs, max_requests, requests):
+def test_device_loop_is_the_host_loop(family, mode, max_requests, requests):
     """Mixed params (several kinds of decode in one step), arrivals mid-run and reused slots."""
     model = tiny_model(family)
-    host = _decode(model, "host", mode, cuda_graphs, requests, max_requests)
-    assert _decode(model, "device", mode, cuda_graphs, requests, max_requests) == host
+    host = _decode(model, "host", mode, False, requests, max_requests)
+    assert _decode(model, "device", mode, False, requests, max_requests) == host
+    assert all(status == "finished" for status, *_ in host)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_device_loop_is_the_host_loop_from_graphs(family):
+    """Replayed passes (``cuda_graphs="eager"``: the graphs' buffers and the ragged kernel, in the Triton
+    interpreter here, so one small case a family): SpecFold's folded and draftless forwards, two kinds of
+    decode, a late arrival."""
+    model = tiny_model(family)
+    requests = [(9, 12, 3, 0.9, 0), (5, 8, 2, 0.7, 1)]
+    host = _decode(model, "host", "specfold", "eager", requests, 2)
+    assert _decode(model, "device", "specfold", "eager", requests, 2) == host
     assert all(status == "finished" for status, *_ in host)
 
 
@@ -55,7 +69,9 @@ def test_abort_under_the_device_loop(family):
     model = tiny_model(family)
     requests = [(9, 40, 4, 0.9, 0), (20, 30, 2, 0.9, 0), (5, 20, 3, 0.7, 1)]
     host = _decode(model, "host", "spiffy", False, requests, 2, abort_after=2)
-    assert _decode(model, "device", "spiffy", False, requests, 2, abort_after=2) == host
+    with warnings.catch_warnings():  # torch.vmap falls back to a loop over the requests for an op it cannot batch
+        warnings.filterwarnings("error", message=".*performance drop.*")
+        assert _decode(model, "device", "spiffy", False, requests, 2, abort_after=2) == host
     assert host[0][0] == "aborted" and all(status == "finished" for status, *_ in host[1:])
 
 
