@@ -11,13 +11,14 @@ One engine step:
 
 1. ``load``: the first state of every block opened since the last step (one host-to-device copy);
 2. ``forward_rows``: the ready requests' real rows gathered into the forward's rows (one
-   ``index_select``); the forward computes the logits of every position of them (a fixed set, where the
-   host loop asks for the masked positions' only);
-3. ``settle``: the confidences of each request's rows padded to its kind's ``N`` (one ``index_select``),
-   the bookkeeping run once for every kind of decode in the step (``StepRules``: requests of the same
-   params share one call), each request's next call written into its slot;
+   ``index_select``); the forward computes the logits of each row's masked positions, as the host loop
+   does (``host_rows``: the host's copy of each slot's next rows, which says which they are);
+3. ``settle``: the confidences spread over the rows' positions (the unmasked ones zero, as the host loop
+   lays them out) and padded to each kind's ``N`` (one scatter, one ``index_select``), the bookkeeping
+   run once for every kind of decode in the step (``StepRules``: requests of the same params share one
+   call), each request's next call written into its slot;
 4. one read back, a small int64 tensor: each request's status word (``device_step.STATUS_FIELDS``), its
-   next call's parents and real rows (the next forward's layout) and its new main state (whether and how
+   next call's parents and rows (the next forward's layout, its main row the new state: whether and how
    its block ends, on the host).
 
 The requests' own Python does no tensor work a step: it records the step and the new state it read.
@@ -59,6 +60,7 @@ class SlotSteps:
         self.info = torch.zeros(slots, 2, dtype=torch.long, device=device)
         self.counts = [1] * slots                      # host: real rows of each slot's next call
         self.next_parents: list[list[int]] = [[-1] for _ in range(slots)]  # host: their parents
+        self.host_rows = [torch.zeros(1, block, dtype=torch.long) for _ in range(slots)]  # host: the rows
         self._opened: dict[int, tuple[int, int]] = {}  # slot -> (request, block) its buffers hold
         self._steps: dict[StepRules, object] = {}
 
@@ -96,6 +98,12 @@ class SlotSteps:
         for d in fresh:
             self._opened[d.slot] = (d.request_id, d.blocks)
             self.counts[d.slot], self.next_parents[d.slot] = 1, [-1]
+            self.host_rows[d.slot] = d.state[None].clone()
+
+    def logit_positions(self, decodes) -> list[Tensor]:
+        """The flat positions ``n * B + p`` of each decode's next call whose logits it needs: its rows'
+        masked positions (``RequestDecode.logit_positions``, the host loop's)."""
+        return [d.logit_positions(self.host_rows[d.slot]) for d in decodes]
 
     def forward_rows(self, decodes) -> list[Tensor]:
         """The real rows of each decode's next call (int64 ``[N_i, B]`` views of one gathered tensor on the
@@ -106,16 +114,20 @@ class SlotSteps:
         index = torch.repeat_interleave(first, torch.tensor(counts)) + _ranks(counts)
         return list(self.rows.view(-1, self.block).index_select(0, index.to(self.device)).split(counts))
 
-    def settle(self, decodes, conf: Tensor, tok: Tensor) -> list[tuple[list[int], Tensor]]:
-        """The bookkeeping of the call ``forward_rows`` gave, on its confidences ``conf``/``tok`` (every
-        position of its rows, flat, on the device): each decode's next call in its slot; returns, per
-        decode, its status word (``STATUS_FIELDS`` then the call's real parents) and its new main state
-        (int64 ``[B]``, host), after one read back; the next calls' layout is kept in ``counts`` and
-        ``next_parents``."""
+    def settle(self, decodes, positions: list[Tensor], conf: Tensor, tok: Tensor) -> list[tuple[list[int], Tensor]]:
+        """The bookkeeping of the call ``forward_rows`` gave, on its confidences ``conf``/``tok`` at
+        ``positions`` (``logit_positions``; flat, on the device): each decode's next call in its slot;
+        returns, per decode, its status word (``STATUS_FIELDS`` then the call's real parents) and its new
+        main state (int64 ``[B]``, host), after one read back; the next calls' layout is kept in
+        ``counts``, ``next_parents`` and ``host_rows``."""
         b = self.block
         counts = [self.counts[d.slot] for d in decodes]
         bounds = torch.tensor(row_bounds(counts)[:-1])
-        conf, tok = conf.view(-1, b), tok.view(-1, b)
+        # the unmasked positions as the host loop leaves them: confidence 0, the mask token
+        flat = torch.cat([p + int(at) * b for p, at in zip(positions, bounds)]).to(self.device)
+        full_conf = torch.zeros(sum(counts) * b, dtype=conf.dtype, device=self.device)
+        full_tok = torch.full((sum(counts) * b,), decodes[0].mask_id, dtype=tok.dtype, device=self.device)
+        conf, tok = full_conf.index_put_((flat,), conf).view(-1, b), full_tok.index_put_((flat,), tok).view(-1, b)
         groups: dict[StepRules, list[int]] = {}
         for i, d in enumerate(decodes):
             groups.setdefault(step_rules(d), []).append(i)
@@ -136,7 +148,7 @@ class SlotSteps:
             self.rows[slots, :k] = next_rows
             self.parents[slots, :k] = next_parents
             self.n_rows[slots] = next_n
-            reads.append(torch.cat([status, next_parents, next_n[:, None], next_rows[:, 0]], 1))
+            reads.append(torch.cat([status, next_parents, next_n[:, None], next_rows.flatten(1)], 1))
             widths.append((members, status.shape[1], k))
         host = torch.cat([r.flatten() for r in reads]).cpu()  # the step's one read back
         results: list = [None] * len(decodes)
@@ -148,9 +160,10 @@ class SlotSteps:
                 n_next = int(row[s + k])
                 status = row[:s].tolist()
                 parents = row[s:s + n_next].tolist()
-                results[i] = (status[:_STATUS] + status[_STATUS:_STATUS + status[3]], row[s + k + 1:].clone())
+                next_rows = row[s + k + 1:].view(k, b)[:n_next].clone()
+                results[i] = (status[:_STATUS] + status[_STATUS:_STATUS + status[3]], next_rows[0])
                 slot = decodes[i].slot
-                self.counts[slot], self.next_parents[slot] = n_next, parents
+                self.counts[slot], self.next_parents[slot], self.host_rows[slot] = n_next, parents, next_rows
         return results
 
     def _step(self, rules: StepRules):

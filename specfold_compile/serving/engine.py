@@ -311,12 +311,12 @@ class Engine:
             rows = self.rows_for(ready)
             positions = [d.logit_positions(r) for d, r in zip(ready, rows)]
             conf, tok = run(ready, rows, positions, [d.parents.tolist() for d in ready])
-        else:  # every position of the rows on the device; the bookkeeping there, for all at once
+        else:  # the rows on the device, their masked positions on the host; the bookkeeping there, for all at once
             steps.load(ready)
             rows = steps.forward_rows(ready)
-            positions = [torch.arange(r.numel()) for r in rows]
+            positions = steps.logit_positions(ready)
             conf, tok = run(ready, rows, positions, [steps.next_parents[d.slot] for d in ready], True)
-            outcomes = steps.settle(ready, conf, tok)
+            outcomes = steps.settle(ready, positions, conf, tok)
         at = 0
         for i, (d, p) in enumerate(zip(ready, positions)):
             try:  # the commit rule and the drafts' walk on this request's rows alone (host), or their outcome
