@@ -21,6 +21,10 @@ requests share the step, so such a record is made for one concurrency, ``--recor
 ``--record-requests N`` (the prompts in turn) as the replay at ``--concurrency C`` serves them
 (``max(--requests, --per-slot * C)``); that replay then takes each step's record as it was made (a row's
 ``max_verify_rows``), and a replay at another concurrency or request count is refused.
+``--loop host,device`` replays with each ``Engine(loop=...)``: under ``device`` every step's commit rule,
+acceptance walk and next drafts run as batched tensor ops on the model's device on the replay model's
+confidences, then the recorded next calls are copied into the engine's slot buffers (one host-to-device
+copy a step, ``batched_forcing.force_slots``) and the recorded states committed.
 
 Arrivals. ``--arrival closed`` (default): ``C`` clients, each sending its next request as soon as its
 last one finished; served as ``max(--requests, --per-slot * C)`` requests (default: 16, and 4 a slot)
@@ -52,7 +56,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import time
 from collections import deque
 from pathlib import Path
@@ -60,8 +63,8 @@ from pathlib import Path
 import torch
 
 from bench.batched_capacity import add_capacity_arguments, fold_capacity, parse_capacity_arguments
-from bench.batched_clock import PassClock
-from bench.batched_forcing import _Forcing, _Recording, _as
+from bench.batched_clock import PassClock, arrival_times, percentile
+from bench.batched_forcing import _Forcing, _Recording, _as, force_slots, forced_tensors
 from bench.common import check_output, write_profile
 from bench.trace_driven import parse_override, run_command, token_map
 
@@ -134,54 +137,30 @@ def record(args) -> dict:
 
 
 # --- replay --------------------------------------------------------------------------------------
-def _forced(rec: dict, table: torch.Tensor, mask: int) -> dict:
-    """A recorded request's tensors in the replay model's vocabulary (int64, CPU); ``masked``: a call's
-    masked positions (``mask``: the record's mask id), whose logits it computes."""
-    mapped = lambda t: table[t.long()]  # noqa: E731
-    return {"starts": [mapped(s) for s in rec["starts"]],
-            "calls": [{"rows": mapped(c["rows"]), "parents": c["parents"], "accepted": c["accepted"],
-                       "state": mapped(c["state"]), "masked": int((c["rows"] == mask).sum()),
-                       "fold_masks": c.get("fold_masks")} for c in rec["calls"]]}
-
-
-def _arrivals(n: int, args) -> list[float]:
-    if args.arrival == "closed":
-        return [0.0] * n
-    gen, t, out = random.Random(0), 0.0, []
-    for _ in range(n):
-        out.append(t)
-        t += gen.expovariate(args.rate)
-    return out
-
-
-def _percentile(values: list[float], q: float) -> float:
-    """The ``q``-th percentile (0-100), linear between the closest ranks."""
-    xs = sorted(values)
-    at = (len(xs) - 1) * q / 100
-    lo = int(at)
-    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (at - lo)
-
-
 def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: bool,
-          attention: str = "auto", graphs=None, compile_layers: bool | str = False) -> dict:
+          attention: str = "auto", graphs=None, compile_layers: bool | str = False, loop: str = "host") -> dict:
     """One timed run: ``requests`` (recorded request, forced tensors, mapped prompt) served by an engine of
     ``concurrency`` slots as they arrive; the row's numbers and whether every request followed its record.
     ``graphs``: a ``serving.graphs.BatchGraphs`` the engine replays its passes from (None: launched);
-    ``compile_layers``: the engine's (its graphs' with ``graphs``)."""
+    ``compile_layers``: the engine's (its graphs' with ``graphs``); ``loop``: the engine's (``force_slots``
+    forces the device loop's calls)."""
     from specfold_compile.serving import Engine, RequestParams
 
     params = RequestParams(max_new_tokens=args.max_new_tokens, draft_budget=args.draft_budget,
                            stop_at_eos=args.stop_at_eos)
-    arrivals = _arrivals(len(requests), args)
+    arrivals = arrival_times(len(requests), args)
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     engine = Engine(model, max_requests=concurrency, max_tokens_per_request=args.capacity, mode=mode,
                     draft_graph=args.graph, tau=args.tau if mode == "specfold" else None, attention=attention,
                     cuda_graphs=False if graphs is None else graphs, compile_layers=compile_layers,
-                    max_verify_rows=None if mode == "vanilla" else args.max_verify_rows)
-    clock = None if graphs is None else PassClock(engine)
+                    max_verify_rows=None if mode == "vanilla" else args.max_verify_rows, loop=loop)
+    # the device loop reads a replayed forward's results only after its bookkeeping: no split of its time
+    clock = None if graphs is None or loop == "device" else PassClock(engine)
     pending, decodes, done, tally = deque(range(len(requests))), {}, {}, {}
+    if loop == "device":
+        force_slots(engine, tally)
     t0 = time.perf_counter()
     while pending or engine.has_work:
         now = time.perf_counter() - t0
@@ -221,8 +200,8 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
         rows += sum(int(c["rows"].shape[0]) for c in rec["calls"])
     reproduced &= engine.stats.verify_rows == rows
     st = engine.stats
-    return {"tokens_per_s": tokens / wall, "p50_latency_ms": _percentile(latencies, 50),
-            "p99_latency_ms": _percentile(latencies, 99), "wall_s": wall, "requests": len(requests),
+    return {"tokens_per_s": tokens / wall, "p50_latency_ms": percentile(latencies, 50),
+            "p99_latency_ms": percentile(latencies, 99), "wall_s": wall, "requests": len(requests),
             "tokens": tokens, "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
             "pool_bytes": engine.pool.nbytes(), "verify_calls": st.verify_calls,
             "rows_per_forward": st.verify_rows / max(1, st.verify_calls),
@@ -245,6 +224,9 @@ def replay(args, trace: dict, name: str) -> list[dict]:
     from specfold_compile.serving.batch import _positions_needed
 
     cuda = args.device == "cuda"
+    if trace.get("max_verify_rows") is not None and "device" in args.loop:
+        raise SystemExit("--loop device: Engine(loop='device') takes no max_verify_rows, which this record was made "
+                         "with; replay it with --loop host")
     if trace.get("max_verify_rows") is not None:  # its drafts a call follow the steps it was made in
         made = (trace["record_slots"], len(trace["requests"]))
         served = [(c, max(args.requests, args.per_slot * c)) for c in args.concurrency]
@@ -269,7 +251,7 @@ def replay(args, trace: dict, name: str) -> list[dict]:
         kind = mode.removesuffix(COMPILED)  # the engine's mode, and the record's
         if kind not in trace["modes"]:
             raise SystemExit(f"--modes {mode}: the record has {trace['modes']} (record again with the mode served)")
-        recorded = [{"record": r[kind], "forced": _forced(r[kind], table, trace["mask_token_id"]), "prompt": p}
+        recorded = [{"record": r[kind], "forced": forced_tensors(r[kind], table, trace["mask_token_id"]), "prompt": p}
                     for r, p in zip(trace["requests"], prompts)]
 
         def workload(n: int) -> list[dict]:
@@ -279,19 +261,22 @@ def replay(args, trace: dict, name: str) -> list[dict]:
                 if graphed and attention != "ragged":
                     continue  # the graphs replay the ragged kernel
                 for capacity in args.fold_capacity if graphed and kind == "specfold" else (None,):
-                    rows += _replay_mode(model, name, mode, kind, attention, workload, args, cuda, trace["model"],
-                                         graphed, capacity and fold_capacity(capacity, recorded, len(model.layers)))
+                    for loop in args.loop:
+                        rows += _replay_mode(model, name, mode, kind, attention, workload, args, cuda, trace["model"],
+                                             graphed, capacity and fold_capacity(capacity, recorded, len(model.layers)),
+                                             loop)
         if cuda:
             torch.cuda.empty_cache()
     return rows
 
 
 def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workload, args, cuda: bool,
-                 recorded_by: str, graphed: bool = False, capacity: tuple | None = None) -> list[dict]:
+                 recorded_by: str, graphed: bool = False, capacity: tuple | None = None,
+                 loop: str = "host") -> list[dict]:
     """Every concurrency of one mode (engine mode ``kind``; the layers compiled if ``mode`` says so) on one
     attention path, launched or (``graphed``) replayed from one ``BatchGraphs`` shared by its engines,
     after its own warm-up (with graphs: a pass at every concurrency, capturing its buckets). ``capacity``:
-    SpecFold's graphs' ``(label, fold_capacity)``."""
+    SpecFold's graphs' ``(label, fold_capacity)``; ``loop``: the engine's step bookkeeping."""
     rows = []
     graphs = None
     compile_layers = args.compile_backend if mode != kind else False  # the Engine's (and its graphs')
@@ -308,7 +293,7 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
     for c in sorted(warm, reverse=True):
         try:
             serve(model, kind, c, workload(max(c, 2) if not graphed else max(args.requests, args.per_slot * c)),
-                  args, cuda, attention, graphs, compile_layers)
+                  args, cuda, attention, graphs, compile_layers, loop)
         except torch.OutOfMemoryError:  # the timed point will say so
             torch.cuda.empty_cache()
     warm_s = time.perf_counter() - t0
@@ -316,10 +301,11 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
         n, compiled = max(args.requests, args.per_slot * c), _graphs_compiled()
         captured = graphs.captures if graphed else 0
         try:
-            runs = sorted((serve(model, kind, c, workload(n), args, cuda, attention, graphs, compile_layers)
+            runs = sorted((serve(model, kind, c, workload(n), args, cuda, attention, graphs, compile_layers, loop)
                            for _ in range(args.repeats)), key=lambda r: r["wall_s"])
         except torch.OutOfMemoryError as exc:  # this point has no row; the file's setup names it
-            args.out_of_memory.append({"model": name, "mode": mode, "attention": attention, "concurrency": c})
+            args.out_of_memory.append({"model": name, "mode": mode, "attention": attention, "concurrency": c,
+                                       "loop": loop})
             print(f"{name} {mode} ({attention}) at concurrency {c}: out of memory "
                   f"({str(exc).splitlines()[0]})", flush=True)
             torch.cuda.empty_cache()
@@ -328,6 +314,7 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
                "trace_driven": True, "trace_reproduced": all(r["trace_reproduced"] for r in runs),
                "warmup_s": warm_s, "compiles_while_timed": _graphs_compiled() - compiled,
                "cuda_graphs": graphed, "captures_while_timed": (graphs.captures - captured) if graphed else 0,
+               "loop": loop,
                "arrival": args.arrival if args.arrival == "closed" else f"poisson {args.rate:g}/s",
                "record": {"model": recorded_by, "mode": kind},
                "draft_budget": 0 if kind == "vanilla" else args.draft_budget,  # the record's (run_command)
@@ -339,8 +326,9 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
         print(json.dumps(row), flush=True)
     if args.profile:
         c = max(args.concurrency)
-        write_profile(lambda: serve(model, kind, c, workload(c), args, cuda, attention, graphs, compile_layers),
-                      Path(args.profile) / f"{name}_{mode}_{attention}_c{c}.txt", cuda)
+        write_profile(lambda: serve(model, kind, c, workload(c), args, cuda, attention, graphs, compile_layers, loop),
+                      Path(args.profile) / f"{name}_{mode}_{attention}{'_device' if loop == 'device' else ''}_c{c}.txt",
+                      cuda)
     return rows
 
 
@@ -386,6 +374,9 @@ def main(argv=None) -> int:
                     help="replay: the engine's passes launched (off) or replayed from CUDA graphs (on; ragged "
                          "attention only; 'off,on' both, a row's cuda_graphs says which)")
     add_capacity_arguments(ap)
+    ap.add_argument("--loop", default="host", choices=("host", "device", "host,device"),
+                    help="replay: Engine(loop=...), where each step's bookkeeping runs ('host,device' both, a row's "
+                         "loop says which)")
     ap.add_argument("--pool-tokens", type=int, default=None,
                     help="replay: each slot of the engine's KV pool holds this many positions (default: what the "
                          "record's requests need)")
@@ -428,6 +419,7 @@ def main(argv=None) -> int:
     check_output(ap, out)
     args.out_of_memory = []
     args.cuda_graphs = tuple(v == "on" for v in args.cuda_graphs.split(","))
+    args.loop = tuple(args.loop.split(","))
     parse_capacity_arguments(ap, args)
     return run_command(ap, args, out, record, replay, "batched", lambda trace: {
         "trace": args.trace, "record_model": trace["model"], "recorded_requests": len(trace["requests"]),

@@ -3,10 +3,13 @@ replayed passes (``BatchGraphs.verify``; ``BatchGraphs.write`` for finished bloc
 ``Engine._prefill_replayed``, whose own writes count there), each from the host's view (input building,
 the replay and the read of its results, which waits for the GPU), and the rest (``host_s``): the engine's
 and the forcing's bookkeeping on the host. A replay's results are read before the next pass starts, so
-the passes do not overlap and the parts add up to the wall time."""
+the passes do not overlap and the parts add up to the wall time (not so under ``Engine(loop="device")``,
+which reads a replayed forward's results after its bookkeeping: such a run is not split). And when the
+requests arrive (``arrival_times``) and the latency percentiles (``percentile``)."""
 
 from __future__ import annotations
 
+import random
 import time
 
 PARTS = ("verify_s", "write_s", "prefill_s", "host_s")
@@ -45,3 +48,23 @@ class PassClock:
         out = dict(self.totals)
         out["host_s"] = wall - sum(out.values())
         return out
+
+
+def arrival_times(n: int, args) -> list[float]:
+    """Each of ``n`` requests' arrival (s from the start): all at once (``--arrival closed``), or Poisson at
+    ``args.rate`` a second (seed 0)."""
+    if args.arrival == "closed":
+        return [0.0] * n
+    gen, t, out = random.Random(0), 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += gen.expovariate(args.rate)
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100), linear between the closest ranks."""
+    xs = sorted(values)
+    at = (len(xs) - 1) * q / 100
+    lo = int(at)
+    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (at - lo)

@@ -1,5 +1,6 @@
 """The decode states ``bench.batched`` serves: the engine's own ``RequestDecode`` turned into a subclass
-that records a request's steps (``record``) or forces a recorded request's steps (``replay``)."""
+that records a request's steps (``record``) or forces a recorded request's steps (``replay``), and under
+``Engine(loop="device")`` the recorded calls forced into the engine's slot buffers (``force_slots``)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,58 @@ class _Forcing:
         step.accepted = call["accepted"]
         self.state = call["state"].clone()
 
+    def took_step(self, status, state):
+        """``Engine(loop="device")``: the step's outcome read back from the device, replaced by the record's
+        (``force_slots`` put the recorded rows into the call)."""
+        call = self.forced["calls"][len(self.steps)]
+        super().took_step(status, state)
+        self.steps[-1].accepted = call["accepted"]
+        self.state = call["state"].clone()
+
+
+def force_slots(engine, tally: dict) -> None:
+    """Under ``Engine(loop="device")`` (``serving.device_steps``): each step's bookkeeping runs on the
+    device on the replay model's confidences as always (commit rule, acceptance walk, the next call's
+    drafts), then the recorded next call of every ``_Forcing`` request stepped replaces the one the device
+    built in its slot (one host-to-device copy a step); ``tally`` counts each forward's rows and logit
+    positions."""
+    steps = engine.device_steps
+    forward_rows, settle = steps.forward_rows, steps.settle
+
+    def recorded_rows(decodes):
+        rows = forward_rows(decodes)
+        tally[engine.stats.verify_calls] = [sum(int(r.shape[0]) for r in rows), 0]
+        return rows
+
+    def recorded_settle(decodes, positions, conf, tok):
+        tally[engine.stats.verify_calls][1] = sum(int(p.numel()) for p in positions)
+        results = settle(decodes, positions, conf, tok)
+        # the call after this one (a block's first call instead, ``load``, when the record's block ends)
+        upcoming = [(d.slot, d.forced["calls"][len(d.steps) + 1]) for d in decodes
+                    if len(d.steps) + 1 < len(d.forced["calls"])]
+        if upcoming:
+            width = max(steps.rows.shape[1], max(int(c["rows"].shape[0]) for _, c in upcoming))
+            steps._room(width)
+            b = steps.block
+            host = torch.zeros(len(upcoming), width * b + width + 1, dtype=torch.long)
+            for i, (_, call) in enumerate(upcoming):
+                n = int(call["rows"].shape[0])
+                rows = call["rows"].long()
+                host[i, :width * b] = torch.cat([rows, rows[:1].expand(width - n, b)]).flatten()  # pads: row 0
+                host[i, width * b:width * b + n] = torch.tensor(call["parents"])  # pads' parent: 0
+                host[i, -1] = n
+            rows, parents, n_rows = host.to(steps.device).split([width * b, width, 1], dim=1)
+            slots = torch.tensor([s for s, _ in upcoming], device=steps.device)
+            steps.rows[slots] = rows.reshape(len(upcoming), width, b)
+            steps.parents[slots] = parents
+            steps.n_rows[slots] = n_rows[:, 0]
+            for slot, call in upcoming:
+                steps.counts[slot], steps.next_parents[slot] = int(call["rows"].shape[0]), list(call["parents"])
+                steps.host_rows[slot] = call["rows"].long()
+        return results
+
+    steps.forward_rows, steps.settle = recorded_rows, recorded_settle
+
 
 @functools.cache
 def _subclass(mixin: type, cls: type) -> type:
@@ -71,4 +124,11 @@ def _as(decode, mixin):
     return decode
 
 
-# --- record --------------------------------------------------------------------------------------
+def forced_tensors(rec: dict, table: torch.Tensor, mask: int) -> dict:
+    """A recorded request's tensors in the replay model's vocabulary (int64, CPU); ``masked``: a call's
+    masked positions (``mask``: the record's mask id), whose logits it computes."""
+    mapped = lambda t: table[t.long()]  # noqa: E731
+    return {"starts": [mapped(s) for s in rec["starts"]],
+            "calls": [{"rows": mapped(c["rows"]), "parents": c["parents"], "accepted": c["accepted"],
+                       "state": mapped(c["state"]), "masked": int((c["rows"] == mask).sum()),
+                       "fold_masks": c.get("fold_masks")} for c in rec["calls"]]}

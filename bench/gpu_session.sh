@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|cli [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|cli [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -134,6 +134,17 @@ case "$part" in
                       --out "$OUT/batched_$m.json" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
                   done
                   python -m bench.plot "$OUT/batched.json" "$OUT"/batched_fast-dllm-v2-*.json ;;
+  batched_loop)   # Engine(loop="host") against Engine(loop="device") (each step's bookkeeping as batched tensor ops on
+                  # the GPU), compiled modes from CUDA graphs, trace-driven (.traces/batched_trace.pt: python -m
+                  # bench.batched record --out .traces/batched_trace.pt, ~1 min on the CPU); ~1 min a mode and loop at
+                  # 1.5B; one shape per call: BATCHED_MODELS=...; ARGS e.g. --concurrency 1,16,64 --repeats 1
+                  for m in ${BATCHED_MODELS:-fast-dllm-v2-1.5b}; do
+                    pool=(); [ "$m" = fast-dllm-v2-7b ] && pool=(--pool-tokens 4096)
+                    python -m bench.batched replay --trace "${BATCHED_TRACE:-.traces/batched_trace.pt}" --device cuda \
+                      --models "$m" --attention ragged --cuda-graphs on --fold-capacity record --loop host,device \
+                      --modes "${BATCHED_MODES:-vanilla_compiled,spiffy_compiled,specfold_compiled}" --repeats 2 \
+                      "${pool[@]}" --out "$OUT/loop_$m.json" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
+                  done ;;
   batched_rows)   # Engine(max_verify_rows=R), drafts cut under load (docs/serving.md): a record a concurrency, each
                   # made on the CPU as its replay serves it (max(16, 4 C) requests on C slots; ~2 min for the four),
                   # then Spiffy and SpecFold under Inductor from CUDA graphs, each record at its own concurrency

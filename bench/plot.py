@@ -44,12 +44,13 @@ def serving_series(row: dict) -> str:
     """A batched row's series: its mode, with ``+ragged`` when the engine attended through the ragged
     kernel (``attention="ragged"``; the plain mode name is per-request attention), ``+graphs``, SpecFold's
     packing capacity other than the default, a bound on the drafts a call and on the rows a forward
-    (``Engine(max_verify_rows=)``)."""
+    (``Engine(max_verify_rows=)``), and the engine's device loop (``Engine(loop="device")``)."""
     return row["mode"] + ("+ragged" if row.get("attention") == "ragged" else "") + (
         "+graphs" if row.get("cuda_graphs") else "") + (
         f"+capacity {row['fold_capacity']}" if row.get("fold_capacity") not in (None, "0.5") else "") + (
         f"+drafts {drafts_bound(row)}" if drafts_bound(row) is not None else "") + (
-        f"+rows {row['max_verify_rows']}" if row.get("max_verify_rows") is not None else "")
+        f"+rows {row['max_verify_rows']}" if row.get("max_verify_rows") is not None else "") + (
+        "+device loop" if row.get("loop") == "device" else "")
 
 
 def _rows(path: Path) -> list[dict]:
@@ -282,10 +283,11 @@ def _point(row: dict) -> tuple:
     """What a row measured (a re-measurement of the same point replaces it): a per_check point, one part
     of a breakdown row set (``part``, absent from per_check rows), an end-to-end row (``task``; its loop
     with or without fused block boundaries) or a batched one (``concurrency``, ``arrival``, ``attention``,
-    its graphs, capacity and bounds on drafts and rows)."""
+    its graphs, capacity, bounds on drafts and rows, and its loop; a row without one ran the host loop)."""
     return tuple(row.get(k) for k in ("model", "prefix", "n_branches", "mode", "target_ratio", "what", "part", "task",
                                       "trace_driven", "fuse_boundaries", "concurrency", "arrival", "attention",
-                                      "cuda_graphs", "fold_capacity", "max_verify_rows")) + (drafts_bound(row),)
+                                      "cuda_graphs", "fold_capacity", "max_verify_rows")) + (
+        drafts_bound(row), row.get("loop") if row.get("loop") != "host" else None)
 
 
 def merge_results(out: str | Path, inputs: list[str | Path]) -> Path:

@@ -21,6 +21,8 @@ def _series(data: dict) -> list[str]:
 
 
 def _series_label(series: str) -> str:
+    if series.endswith("+device loop"):  # Engine(loop="device"): the steps' bookkeeping on the device
+        return _series_label(series.removesuffix("+device loop")) + ", device loop"
     mode, *paths = series.split("+")
     rows = next((p.removeprefix("rows ") for p in paths if p.startswith("rows ")), None)
     if rows is not None:  # Engine(max_verify_rows=R): drafts cut under load

@@ -24,6 +24,16 @@ def trace(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def short_trace(tmp_path_factory):
+    """One math request (a few calls, one with drafts): for the replays through the ragged kernel, which
+    runs in the Triton interpreter here."""
+    path = tmp_path_factory.mktemp("batched") / "short.pt"
+    assert batched.main(["record", "--limit", "1", "--tasks", "math", "--max-new-tokens", "40",
+                         "--record-slots", "2", "--out", str(path)]) == 0
+    return path
+
+
 def _replay(trace, out, *extra):
     assert batched.main(["replay", "--device", "cpu", "--trace", str(trace), *TINY, "--out", str(out), *extra]) == 0
     return json.loads(out.read_text())
@@ -74,13 +84,14 @@ def test_a_replay_off_its_record_is_not_reproduced(trace, tmp_path):
         record["requests"][0]["vanilla"]["calls"])
 
 
-def test_each_attention_path_replays_the_record(trace, tmp_path):
-    """``--attention per_request,ragged``: a row set per path, each request making its recorded calls."""
-    rows = _replay(trace, tmp_path / "att.json", "--modes", "specfold", "--attention", "per_request,ragged",
+def test_each_attention_path_replays_the_record(short_trace, tmp_path):
+    """``--attention per_request,ragged``: a row set per path, each request making its recorded calls
+    (vanilla: the ragged kernel runs interpreted here; SpecFold's ragged replay is the capacity test's)."""
+    rows = _replay(short_trace, tmp_path / "att.json", "--modes", "vanilla", "--attention", "per_request,ragged",
                    "--concurrency", "2", "--requests", "2", "--per-slot", "1")["rows"]
-    assert [(r["mode"], r["attention"]) for r in rows] == [("specfold", "per_request"), ("specfold", "ragged")]
+    assert [(r["mode"], r["attention"]) for r in rows] == [("vanilla", "per_request"), ("vanilla", "ragged")]
     assert all(r["trace_reproduced"] is True for r in rows) and rows[0]["tokens"] == rows[1]["tokens"]
-    assert [plot.serving_series(r) for r in rows] == ["specfold", "specfold+ragged"]
+    assert [plot.serving_series(r) for r in rows] == ["vanilla", "vanilla+ragged"]
 
 
 def test_poisson_arrivals(trace, tmp_path):
@@ -154,7 +165,7 @@ def test_a_point_out_of_memory_is_named_and_the_others_run(trace, tmp_path, monk
                    "--requests", "2")
     assert [r["concurrency"] for r in data["rows"]] == [1, 2]
     assert data["setup"]["out_of_memory"] == [{"model": "tiny-fast-dllm-v2", "mode": "vanilla", "attention": "per_request",
-                                               "concurrency": 3}]
+                                               "concurrency": 3, "loop": "host"}]
 
 
 def test_argument_errors(trace, tmp_path, capsys):
@@ -248,10 +259,10 @@ def test_pool_tokens_size_the_pool_and_a_profile_is_written(trace, tmp_path):
     assert "Self CPU" in table and "aten::" in table
 
 
-def test_cuda_graphs_replay_the_record_and_lead_the_headline(trace, tmp_path):
+def test_cuda_graphs_replay_the_record_and_lead_the_headline(short_trace, tmp_path):
     """``--cuda-graphs off,on``: the engine launched and replayed (``cuda_graphs="eager"`` on the CPU), both
     making the recorded calls; the README headline keeps the replayed rows only."""
-    rows = _replay(trace, tmp_path / "graphs.json", "--modes", "vanilla", "--attention", "ragged", "--cuda-graphs",
+    rows = _replay(short_trace, tmp_path / "graphs.json", "--modes", "vanilla", "--attention", "ragged", "--cuda-graphs",
                    "off,on", "--concurrency", "2", "--requests", "2", "--per-slot", "1")["rows"]
     assert [(r["mode"], r["cuda_graphs"]) for r in rows] == [("vanilla", False), ("vanilla", True)]
     assert all(r["trace_reproduced"] is True for r in rows) and rows[0]["tokens"] == rows[1]["tokens"]
@@ -266,11 +277,11 @@ def test_cuda_graphs_replay_the_record_and_lead_the_headline(trace, tmp_path):
     assert len({plot._point(r) for r in rows}) == 2  # a merge keeps both
 
 
-def test_fold_capacity_record_gives_a_share_a_gate(trace, tmp_path):
+def test_fold_capacity_record_gives_a_share_a_gate(short_trace, tmp_path):
     """``--fold-capacity record --min-packed 0``: SpecFold's graphs packing each gate's share of the
     record's computed positions (``capacity_from_masks`` over the forced masks), their own series; the
     recorded calls made. (One request: the graphs' ragged attention runs in the interpreter here.)"""
-    rows = _replay(trace, tmp_path / "capacity.json", "--modes", "specfold", "--cuda-graphs", "on", "--attention",
+    rows = _replay(short_trace, tmp_path / "capacity.json", "--modes", "specfold", "--cuda-graphs", "on", "--attention",
                    "ragged", "--fold-capacity", "record", "--min-packed", "0", "--capacity-spread", "2",
                    "--concurrency", "1", "--requests", "1", "--per-slot", "1")["rows"]
     assert [(r["fold_capacity"], r["min_packed"], r["capacity_spread"]) for r in rows] == [("record", 0, 2.0)]
@@ -291,3 +302,32 @@ def test_fold_capacity_values_are_checked(capsys):
         with pytest.raises(SystemExit):
             batched.main(["replay", "--device", "cpu", "--trace", "t.pt", "--fold-capacity", f"0.5,{bad}"])
         assert "--fold-capacity: expected numbers in (0, 1], 'record' or 'record:MARGIN'" in capsys.readouterr().err
+
+
+def test_the_device_loop_replays_the_record(trace, tmp_path):
+    """``--loop host,device``: ``Engine(loop="device")`` runs each step's bookkeeping on the replay model's
+    confidences, then the recorded next calls go into its slot buffers; every mode makes its recorded calls
+    and the two loops' rows are their own series."""
+    modes = ("vanilla", "spiffy", "specfold")
+    rows = _replay(trace, tmp_path / "loop.json", "--modes", ",".join(modes), "--loop", "host,device",
+                   "--concurrency", "2", "--requests", "3", "--per-slot", "1")["rows"]
+    assert [(r["mode"], r["loop"]) for r in rows] == [(m, loop) for m in modes for loop in ("host", "device")]
+    assert all(r["trace_reproduced"] is True for r in rows)
+    for host, device in zip(rows[::2], rows[1::2]):
+        same = ("tokens", "verify_calls", "rows_per_forward", "max_rows_per_forward", "max_logit_positions")
+        assert [device[k] for k in same] == [host[k] for k in same]  # the same forwards, the same logits asked
+        assert plot.serving_series(device) == device["mode"] + "+device loop"
+        assert plot._point(host) != plot._point(device)
+        assert plot._point(host) == plot._point({k: v for k, v in host.items() if k != "loop"})  # older rows: host
+    header = report.render_batched_headline({"rows": rows[2:4]})[0]
+    assert "| Spiffy, eager, device loop (tokens/s) |" in header
+
+
+def test_a_device_loop_replay_of_a_row_limited_record_is_refused(tmp_path):
+    path = tmp_path / "rows.pt"
+    assert batched.main(["record", "--limit", "1", "--tasks", "math", "--max-new-tokens", "8", "--modes", "spiffy",
+                         "--max-verify-rows", "4", "--record-slots", "1", "--record-requests", "1",
+                         "--out", str(path)]) == 0
+    with pytest.raises(SystemExit, match="--loop device"):
+        batched.main(["replay", "--device", "cpu", "--trace", str(path), *TINY, "--loop", "device",
+                      "--concurrency", "1", "--requests", "1", "--out", str(tmp_path / "x.json")])
