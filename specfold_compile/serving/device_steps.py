@@ -21,6 +21,13 @@ One engine step:
    next call's parents and rows (the next forward's layout, its main row the new state: whether and how
    its block ends, on the host).
 
+With the engine's ``cuda_graphs`` (``SlotSteps(replay="cuda")``) step 3 is one CUDA graph a kind of
+decode, captured on first use per padded request count (a power of two; padding requests step a spare
+slot past the pool's) and padded row count (``graphs.row_bucket``): a replay costs the copy of the
+confidences into the graph's buffers, one host-to-device copy of the index inputs and the launch, where
+launched it is a kernel for every tensor op of the walk and the pruning loops (``replay="eager"``: the
+same buffers, ``_group`` called again; the CPU path).
+
 The requests' own Python does no tensor work a step: it records the step and the new state it read.
 Tokens and forwards are ``loop="host"``'s (tests/serving/test_device_steps.py); a choice between two
 drafts whose scores agree to the last bit may differ (``device_step``'s module docstring), which
@@ -29,11 +36,15 @@ changes the forwards of a decode, never its tokens.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
+from ..decoding.cuda_graphs import capture_call
 from ..decoding.device_step import STATUS_FIELDS, DraftTables, StepRules, step_from_confidences
 from .forward import row_bounds
+from .graphs import request_bucket, row_bucket
 
 __all__ = ["SlotSteps", "step_rules"]
 
@@ -51,18 +62,24 @@ class SlotSteps:
     """The next call of every pool slot's request, on ``device`` (module docstring); ``slots``: the pool's
     slots, ``block``: the model's block size, ``graph``: the engine's draft graph (None: vanilla)."""
 
-    def __init__(self, slots: int, block: int, device: torch.device, graph=None):
-        self.block, self.device = block, device
+    def __init__(self, slots: int, block: int, device: torch.device, graph=None, replay: str | None = None):
+        if replay not in (None, "cuda", "eager"):
+            raise ValueError(f"replay: expected None, 'cuda' or 'eager', got {replay!r}")
+        self.block, self.device, self.replay = block, device, replay
         self.tables = None if graph is None or not len(graph) else DraftTables.from_graph(graph, device)
-        self.rows = torch.zeros(slots, 1, block, dtype=torch.long, device=device)
-        self.parents = torch.full((slots, 1), -1, dtype=torch.long, device=device)
-        self.n_rows = torch.ones(slots, dtype=torch.long, device=device)
-        self.info = torch.zeros(slots, 2, dtype=torch.long, device=device)
+        self.spare = slots  # one slot more than the pool's: a replayed step's padding requests step it
+        self.rows = torch.zeros(slots + 1, 1, block, dtype=torch.long, device=device)
+        self.parents = torch.full((slots + 1, 1), -1, dtype=torch.long, device=device)
+        self.n_rows = torch.ones(slots + 1, dtype=torch.long, device=device)
+        self.info = torch.zeros(slots + 1, 2, dtype=torch.long, device=device)
         self.counts = [1] * slots                      # host: real rows of each slot's next call
         self.next_parents: list[list[int]] = [[-1] for _ in range(slots)]  # host: their parents
         self.host_rows = [torch.zeros(1, block, dtype=torch.long) for _ in range(slots)]  # host: the rows
         self._opened: dict[int, tuple[int, int]] = {}  # slot -> (request, block) its buffers hold
         self._steps: dict[StepRules, object] = {}
+        self._graphs: dict[tuple, _StepGraph] = {}  # (rules, padded requests, padded rows, dtype) -> graph
+        self._pool = None
+        self.captures = self.replays = 0
 
     def _room(self, n: int) -> None:
         """At least ``n`` rows a slot (a request of a larger draft budget came)."""
@@ -74,6 +91,7 @@ class SlotSteps:
         parents = torch.zeros(self.parents.shape[0], n, dtype=torch.long, device=self.device)
         parents[:, :have] = self.parents
         self.rows, self.parents = rows, parents
+        self._graphs.clear()  # they step the old buffers
 
     def load(self, decodes) -> None:
         """Put the block each decode opened since its last step into its slot: the block's state in every
@@ -123,11 +141,7 @@ class SlotSteps:
         b = self.block
         counts = [self.counts[d.slot] for d in decodes]
         bounds = torch.tensor(row_bounds(counts)[:-1])
-        # the unmasked positions as the host loop leaves them: confidence 0, the mask token
-        flat = torch.cat([p + int(at) * b for p, at in zip(positions, bounds)]).to(self.device)
-        full_conf = torch.zeros(sum(counts) * b, dtype=conf.dtype, device=self.device)
-        full_tok = torch.full((sum(counts) * b,), decodes[0].mask_id, dtype=tok.dtype, device=self.device)
-        conf, tok = full_conf.index_put_((flat,), conf).view(-1, b), full_tok.index_put_((flat,), tok).view(-1, b)
+        flat = torch.cat([p + int(at) * b for p, at in zip(positions, bounds)])
         groups: dict[StepRules, list[int]] = {}
         for i, d in enumerate(decodes):
             groups.setdefault(step_rules(d), []).append(i)
@@ -135,21 +149,12 @@ class SlotSteps:
         for rules, members in groups.items():
             n = 1 + rules.draft_budget
             at = torch.tensor(members)
-            # each request's rows, the padding rows taking its main row's confidences (never read)
+            # each request's rows, the padding rows taking its last real row's confidences (never read)
             src = bounds[at][:, None] + torch.minimum(torch.arange(n)[None], torch.tensor(counts)[at][:, None] - 1)
-            src = src.flatten().to(self.device)
-            slots = torch.tensor([decodes[i].slot for i in members], device=self.device)
-            shaped = (len(members), n, b)
-            out = self._step(rules)(
-                conf.index_select(0, src).view(shaped), tok.index_select(0, src).view(shaped), self.rows[slots, :n],
-                self.parents[slots, :n], self.n_rows[slots], self.info[slots])
-            next_rows, next_parents, next_n, status = out
-            k = next_rows.shape[1]
-            self.rows[slots, :k] = next_rows
-            self.parents[slots, :k] = next_parents
-            self.n_rows[slots] = next_n
-            reads.append(torch.cat([status, next_parents, next_n[:, None], next_rows.flatten(1)], 1))
-            widths.append((members, status.shape[1], k))
+            slots = torch.tensor([decodes[i].slot for i in members])
+            run = self._group if self.replay is None else self._group_replayed
+            reads.append(run(rules, conf, tok, flat, src.flatten(), slots, sum(counts)))
+            widths.append((members, _STATUS + n, n))
         host = torch.cat([r.flatten() for r in reads]).cpu()  # the step's one read back
         results: list = [None] * len(decodes)
         at = 0
@@ -166,6 +171,82 @@ class SlotSteps:
                 self.counts[slot], self.next_parents[slot], self.host_rows[slot] = n_next, parents, next_rows
         return results
 
+    def _group(self, rules: StepRules, conf: Tensor, tok: Tensor, flat: Tensor, src: Tensor, slots: Tensor,
+               total_rows: int) -> Tensor:
+        """One kind of decode's bookkeeping (``slots``' requests, ``src``: the rows of the step each of
+        their padded ``N`` rows reads, ``flat``: where the confidences of the step's ``total_rows`` rows
+        lie); its requests' next calls written into their slots; returns what the host reads of each: the
+        status word, the next call's parents, its real rows and its rows (int64 ``[g, ...]``). Tensor ops
+        alone, on the given tensors' shapes: what a replayed step captures."""
+        b, n, g = self.block, 1 + rules.draft_budget, slots.shape[0]
+        dev = self.device
+        flat, src, slots = flat.to(dev), src.to(dev), slots.to(dev)
+        # the unmasked positions as the host loop leaves them: confidence 0, the mask token
+        full_conf = torch.zeros(total_rows * b, dtype=conf.dtype, device=dev).index_put_((flat,), conf)
+        full_tok = torch.full((total_rows * b,), rules.mask_id, dtype=tok.dtype, device=dev).index_put_((flat,), tok)
+        shaped = (g, n, b)
+        conf_rows = full_conf.view(-1, b).index_select(0, src).view(shaped)
+        tok_rows = full_tok.view(-1, b).index_select(0, src).view(shaped)
+        next_rows, next_parents, next_n, status = self._step(rules)(
+            conf_rows, tok_rows, self.rows[slots, :n], self.parents[slots, :n], self.n_rows[slots], self.info[slots])
+        self.rows[slots, :n] = next_rows
+        self.parents[slots, :n] = next_parents
+        self.n_rows[slots] = next_n
+        return torch.cat([status, next_parents, next_n[:, None], next_rows.flatten(1)], 1)
+
+    def _group_replayed(self, rules: StepRules, conf: Tensor, tok: Tensor, flat: Tensor, src: Tensor, slots: Tensor,
+                        total_rows: int) -> Tensor:
+        """``_group`` replayed from a graph of padded shapes (``replay``: "cuda", a CUDA graph captured the
+        first time; "eager", the same buffers with ``_group`` called again): requests padded to a power of
+        two (the padding ones step the spare slot), rows and positions to ``row_bucket``'s sizes (the
+        padding positions land in a row past the real ones). Per step: the confidences copied into the
+        graph's buffers, one copy of the index inputs, the replay."""
+        b, n, g = self.block, 1 + rules.draft_budget, int(slots.shape[0])
+        g_pad, r_pad = request_bucket(g), row_bucket(total_rows)
+        m_pad = r_pad * b
+        key = (rules, g_pad, r_pad, conf.dtype)
+        graph = self._graphs.get(key)
+        fresh = graph is None
+        if fresh:
+            dev = self.device
+            graph = self._graphs[key] = _StepGraph(torch.zeros(m_pad, dtype=conf.dtype, device=dev),
+                                                   torch.zeros(m_pad, dtype=torch.long, device=dev),
+                                                   torch.zeros(m_pad + g_pad * n + g_pad, dtype=torch.long, device=dev))
+        m = int(flat.numel())
+        graph.conf[:m].copy_(conf)
+        graph.tok[:m].copy_(tok)
+        graph.index.copy_(torch.cat([flat, torch.full((m_pad - m,), m_pad), src,
+                                     torch.zeros((g_pad - g) * n, dtype=torch.long), slots,
+                                     torch.full((g_pad - g,), self.spare)]))
+        if fresh:
+            self._capture(rules, graph, g_pad, r_pad)
+        else:
+            graph.replay()
+            self.replays += 1
+        return graph.out[:g]
+
+    def _capture(self, rules: StepRules, graph: "_StepGraph", g_pad: int, r_pad: int) -> None:
+        """A step graph's first use, which steps its requests once: ``_group`` run on its buffers ("eager"),
+        or run once to warm up (the slots' buffers put back after it), captured, and replayed once."""
+        n, m_pad = 1 + rules.draft_budget, r_pad * self.block
+        index = graph.index
+
+        def call():  # r_pad + 1 rows: the padding positions' row past the real ones
+            return self._group(rules, graph.conf, graph.tok, index[:m_pad], index[m_pad:m_pad + g_pad * n],
+                               index[m_pad + g_pad * n:], r_pad + 1)
+
+        self.captures += 1
+        if self.replay == "eager":
+            graph.out = call()
+            graph.replay = lambda: graph.out.copy_(call())
+            return
+        state = (self.rows, self.parents, self.n_rows)
+        kept = [t.clone() for t in state]
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph.out, graph.replay = capture_call(call, self.device, self._pool,
+                                               lambda: [t.copy_(k) for t, k in zip(state, kept)])
+
     def _step(self, rules: StepRules):
         """The batched bookkeeping of one kind of decode (kept: one ``torch.vmap`` a kind)."""
         step = self._steps.get(rules)
@@ -177,6 +258,18 @@ class SlotSteps:
 
             step = self._steps[rules] = torch.vmap(one)
         return step
+
+
+@dataclass
+class _StepGraph:
+    """One replayed step's buffers: the confidences and tokens of the step's wanted positions, the index
+    inputs (positions, source rows, slots) and what the host reads."""
+
+    conf: Tensor
+    tok: Tensor
+    index: Tensor
+    out: Tensor | None = None
+    replay: object = None
 
 
 def _ranks(counts: list[int]) -> Tensor:

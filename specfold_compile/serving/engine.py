@@ -70,7 +70,8 @@ class Engine:
     rows (mains and drafts) one verification forward may hold, an int >= 1 (``rows_for``). ``loop``:
     ``"host"`` (default) runs each request's commits, acceptance walk and drafts in Python;
     ``"device"`` runs them for every request of a step at once as tensor ops on the model's device
-    (``device_steps``: the same tokens), which ``max_verify_rows`` does not take."""
+    (``device_steps``: the same tokens), replayed from CUDA graphs too with ``cuda_graphs``; it takes no
+    ``max_verify_rows``."""
 
     def __init__(self, model, max_requests: int = 8, max_tokens_per_request: int = 1024, mode: str = "vanilla",
                  draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None,
@@ -124,7 +125,8 @@ class Engine:
         # what the passes run: the model, or its view with the layers compiled (compiled.ModelView)
         self.model = compiled_model(model, backend) if self.graphs is None else self.graphs.model
         self.pool = KVPool(model, max_requests, max_tokens_per_request) if self.graphs is None else self.graphs.pool
-        self.device_steps = None if loop == "host" else SlotSteps(max_requests, block, self.device, self.graph)
+        self.device_steps = None if loop == "host" else SlotSteps(
+            max_requests, block, self.device, self.graph, None if self.graphs is None else self.graphs.replay)
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._waiting: deque[RequestDecode] = deque()

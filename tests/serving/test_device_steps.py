@@ -14,13 +14,15 @@ from specfold_compile.serving import Engine, RequestParams
 HSET = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _decode(model, loop, mode, cuda_graphs, requests, max_requests, abort_after=None):
+def _decode(model, loop, mode, cuda_graphs, requests, max_requests, abort_after=None, tau=0.0, keep=None):
     """Tokens, forwards and blocks of each request (``requests``: (prompt length, max_new_tokens, draft
-    budget, threshold, steps before it arrives)); ``abort_after``: the first request aborted after that
-    many steps."""
+    budget, threshold, steps before it arrives)), and SpecFold's fold masks; ``abort_after``: the first
+    request aborted after that many steps; ``keep``: a list the engine's ``device_steps`` is appended to."""
     gen = torch.Generator().manual_seed(len(requests))
     engine = Engine(model, max_requests=max_requests, max_tokens_per_request=128, mode=mode, loop=loop,
-                    cuda_graphs=cuda_graphs, **(dict(tau=0.0) if mode == "specfold" else {}))
+                    cuda_graphs=cuda_graphs, **(dict(tau=tau) if mode == "specfold" else {}))
+    if keep is not None:
+        keep.append(engine.device_steps)
     ids, steps = [], 0
     for length, new, budget, threshold, arrive in requests:
         for _ in range(arrive):
@@ -36,20 +38,37 @@ def _decode(model, loop, mode, cuda_graphs, requests, max_requests, abort_after=
         steps += 1
     assert engine.pool.free_slots == max_requests
     outs = [engine.output(i) for i in ids]
-    return [(o.status, o.tokens) + ((o.result.nfe, o.result.blocks) if o.result else ()) for o in outs]
+    return [(o.status, o.tokens, [m.tolist() for m in o.fold_masks])
+            + ((o.result.nfe, o.result.blocks) if o.result else ()) for o in outs]
 
 
 @settings(max_examples=25, **HSET)
 @given(family=st.sampled_from(FAMILIES), mode=st.sampled_from(["vanilla", "spiffy", "specfold"]),
-       max_requests=st.integers(1, 3),
+       tau=st.sampled_from([0.0, 0.3]), max_requests=st.integers(1, 3),
        requests=st.lists(st.tuples(st.integers(1, 30), st.integers(1, 40), st.integers(0, 6),
                                    st.sampled_from([0.5, 0.9, 1.0]), st.integers(0, 3)), min_size=1, max_size=4))
-def test_device_loop_is_the_host_loop(family, mode, max_requests, requests):
-    """Mixed params (several kinds of decode in one step), arrivals mid-run and reused slots."""
+def test_device_loop_is_the_host_loop(family, mode, tau, max_requests, requests):
+    """Mixed params (several kinds of decode in one step), arrivals mid-run and reused slots; SpecFold at
+    tau > 0 folds by each call's parents, so its masks and tokens check them too."""
     model = tiny_model(family)
-    host = _decode(model, "host", mode, False, requests, max_requests)
-    assert _decode(model, "device", mode, False, requests, max_requests) == host
+    host = _decode(model, "host", mode, False, requests, max_requests, tau=tau)
+    assert _decode(model, "device", mode, False, requests, max_requests, tau=tau) == host
     assert all(status == "finished" for status, *_ in host)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_folds_follow_the_device_built_parents(family):
+    """SpecFold at tau > 0 with drafts of drafts: the host's copy of each call's parents (read back with
+    the step) feeds the folded forward, so the masks and tokens are the host loop's."""
+    model = tiny_model(family)
+    requests = [(9, 40, 6, 0.9, 0), (9, 40, 6, 0.9, 0)]
+    host = _decode(model, "host", "specfold", False, requests, 2, tau=0.3)
+    assert _decode(model, "device", "specfold", False, requests, 2, tau=0.3) == host
+    engine = Engine(model, max_requests=1, max_tokens_per_request=128, mode="specfold", tau=0.3, loop="device")
+    rid = engine.add_request(torch.arange(9), RequestParams(max_new_tokens=40, draft_budget=6))
+    for _ in engine.run():
+        pass
+    assert any(p > 0 for step in engine.output(rid).result.steps for p in step.parents), "no draft of a draft"
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -59,8 +78,12 @@ def test_device_loop_is_the_host_loop_from_graphs(family):
     decode, a late arrival."""
     model = tiny_model(family)
     requests = [(9, 12, 3, 0.9, 0), (5, 8, 2, 0.7, 1)]
-    host = _decode(model, "host", "specfold", "eager", requests, 2)
-    assert _decode(model, "device", "specfold", "eager", requests, 2) == host
+    host = _decode(model, "host", "specfold", "eager", requests, 2, tau=0.3)
+    steps = []
+    assert _decode(model, "device", "specfold", "eager", requests, 2, tau=0.3, keep=steps) == host
+    # the bookkeeping replayed too: a graph a kind of decode, padded request count and row count
+    assert steps[0].captures >= 2 and steps[0].replays >= 1
+    assert any(m for _, _, masks, *_ in host for call in masks for m in call), "nothing folded"
     assert all(status == "finished" for status, *_ in host)
 
 
