@@ -14,7 +14,7 @@ from .request import RequestParams
 __all__ = ["generate", "generate_batch"]
 
 # generate's single-prompt options the batched path does not take, with the value it runs with
-_SINGLE_ONLY = {"compile_writes": False, "all_logits": False, "specfold_options": None, "loop": "host"}
+_SINGLE_ONLY = {"compile_writes": False, "all_logits": False, "specfold_options": None}
 
 
 def generate(model, prompt_ids, *args, **kwargs):
@@ -32,7 +32,7 @@ def generate_batch(model, prompts, mode: str = "vanilla", max_new_tokens: int = 
                    draft_graph=None, stop_at_eos: bool = True, confidence_dtype: str = DEFAULTS.confidence_dtype,
                    max_requests: int | None = None, max_tokens_per_request: int | None = None,
                    tau: float | None = None, cuda_graphs=False, compile_layers: bool | str = False,
-                   max_verify_rows: int | None = None, **single_only) -> list[GenerateResult]:
+                   max_verify_rows: int | None = None, loop: str = "host", **single_only) -> list[GenerateResult]:
     """Decode every prompt of ``prompts`` (1-D int64 tensors) with the same options, batched: a list of
     ``GenerateResult`` in the prompts' order, each with the tokens, draft acceptances and forward count
     of ``decoding.generate`` on that prompt alone (``wall_time_s``: from the request's admission to its
@@ -41,13 +41,14 @@ def generate_batch(model, prompts, mode: str = "vanilla", max_new_tokens: int = 
 
     ``max_requests`` (default: every prompt at once) and ``max_tokens_per_request`` (default: what the
     longest request needs) size the ``Engine``'s pool; with fewer slots than prompts the rest wait and
-    join as slots free up. ``cuda_graphs``, ``compile_layers`` and ``max_verify_rows`` are the ``Engine``'s
-    (its passes replayed from CUDA graphs; its layers' position-wise pieces compiled; the rows a forward
-    holds, drafts cut under load, ``Engine.rows_for``: the lossless modes' tokens stay the same,
-    their forwards do not). Every prompt is checked
+    join as slots free up. ``cuda_graphs``, ``compile_layers``, ``max_verify_rows`` and ``loop`` are the
+    ``Engine``'s (its passes replayed from CUDA graphs; its layers' position-wise pieces compiled; the rows
+    a forward holds, drafts cut under load, ``Engine.rows_for``: the lossless modes' tokens stay the same,
+    their forwards do not; each step's bookkeeping in Python or as tensor ops on the device, the same
+    tokens). Every prompt is checked
     before anything runs: a bad one raises a one-line error naming its index (``prompt_ids[i]: ...``).
-    Options of the single-prompt ``generate`` that the engine does not run (``loop="device"``,
-    ``compile_writes``, ``all_logits``, ``specfold_options``) are refused with a ``ValueError``.
+    Options of the single-prompt ``generate`` that the engine does not run (``compile_writes``,
+    ``all_logits``, ``specfold_options``) are refused with a ``ValueError``.
     """
     for name, value in single_only.items():
         if name not in _SINGLE_ONLY:
@@ -68,7 +69,7 @@ def generate_batch(model, prompts, mode: str = "vanilla", max_new_tokens: int = 
     engine = Engine(model, max_requests=len(prompts) if max_requests is None else max_requests,
                     max_tokens_per_request=max_tokens_per_request, mode=mode, draft_graph=draft_graph,
                     confidence_dtype=confidence_dtype, tau=tau, cuda_graphs=cuda_graphs,
-                    compile_layers=compile_layers, max_verify_rows=max_verify_rows)
+                    compile_layers=compile_layers, max_verify_rows=max_verify_rows, loop=loop)
     ids = []
     for i, prompt in enumerate(prompts):
         try:

@@ -8,6 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import specfold_compile
 from specfold_compile.testing import TINY_FAMILIES as FAMILIES, tiny_model
 from specfold_compile.serving import Engine, RequestParams
 
@@ -103,3 +104,10 @@ def test_loop_argument_errors(model):
         Engine(model, loop="gpu")
     with pytest.raises(ValueError, match="max_verify_rows"):
         Engine(model, mode="spiffy", loop="device", max_verify_rows=8)
+
+
+def test_generate_on_a_list_takes_the_device_loop(model):
+    prompts = [torch.arange(5), torch.arange(3, 20)]
+    batched = specfold_compile.generate(model, prompts, mode="spiffy", max_new_tokens=24, loop="device")
+    alone = [specfold_compile.generate(model, p, mode="spiffy", max_new_tokens=24) for p in prompts]
+    assert [(r.tokens, r.nfe) for r in batched] == [(a.tokens, a.nfe) for a in alone]

@@ -251,8 +251,10 @@ def test_engine_arguments(model):
 
 def test_batched_generate_arguments(model):
     prompts = [_prompt(4), _prompt(9)]
-    with pytest.raises(ValueError, match="loop: a list of prompts is decoded by the batched engine"):
-        specfold_compile.generate(model, prompts, loop="device")
+    with pytest.raises(ValueError, match="^loop: expected 'host' or 'device'"):
+        specfold_compile.generate(model, prompts, loop="gpu")
+    with pytest.raises(ValueError, match="compile_writes: a list of prompts is decoded by the batched engine"):
+        specfold_compile.generate(model, prompts, compile_writes=True)
     with pytest.raises(ValueError, match="^cuda_graphs: expected False, True, 'eager' or a BatchGraphs"):
         specfold_compile.generate(model, prompts, cuda_graphs="yes")
     with pytest.raises(ValueError, match="^compile_layers: expected False, True"):
