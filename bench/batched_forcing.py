@@ -76,7 +76,8 @@ def force_slots(engine, tally: dict) -> None:
     built in its slot (one host-to-device copy a step); ``tally`` counts each forward's rows and logit
     positions."""
     steps = engine.device_steps
-    forward_rows, settle = steps.forward_rows, steps.settle
+    # the class's own methods: engines sharing graphs share their SlotSteps, forced anew by each run
+    forward_rows, settle = type(steps).forward_rows.__get__(steps), type(steps).settle.__get__(steps)
 
     def recorded_rows(decodes):
         rows = forward_rows(decodes)

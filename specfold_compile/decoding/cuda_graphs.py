@@ -31,6 +31,7 @@ graph.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import torch
@@ -280,7 +281,8 @@ def capture_call(call, device: torch.device, pool, between=None):
     """``call``'s output and its CUDA graph's replay: ``call`` run once on a side stream (compiles,
     autotunes, warms, as torch.cuda.graph's recipe asks), ``between()`` (if given) run after that, then
     ``call`` captured into a graph in memory pool ``pool`` and replayed once, so the output returned is a
-    replay's (the capture only records the kernels)."""
+    replay's (the capture only records the kernels). The garbage collector is held off during the
+    capture: an unreachable graph freed then (an engine's, say) would end the capture with an error."""
     side = torch.cuda.Stream(device=device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
@@ -289,7 +291,13 @@ def capture_call(call, device: torch.device, pool, between=None):
     if between is not None:
         between()
     cuda_graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(cuda_graph, pool=pool):
-        out = call()
+    collecting = gc.isenabled()
+    gc.disable()  # torch.cuda.graph collects once before the capture begins
+    try:
+        with torch.cuda.graph(cuda_graph, pool=pool):
+            out = call()
+    finally:
+        if collecting:
+            gc.enable()
     cuda_graph.replay()
     return out, cuda_graph.replay

@@ -72,14 +72,37 @@ class SlotSteps:
         self.parents = torch.full((slots + 1, 1), -1, dtype=torch.long, device=device)
         self.n_rows = torch.ones(slots + 1, dtype=torch.long, device=device)
         self.info = torch.zeros(slots + 1, 2, dtype=torch.long, device=device)
-        self.counts = [1] * slots                      # host: real rows of each slot's next call
-        self.next_parents: list[list[int]] = [[-1] for _ in range(slots)]  # host: their parents
-        self.host_rows = [torch.zeros(1, block, dtype=torch.long) for _ in range(slots)]  # host: the rows
+        self.counts: list[int] = []                    # host: real rows of each slot's next call
+        self.next_parents: list[list[int]] = []        # host: their parents
+        self.host_rows: list[Tensor] = []              # host: the rows
         self._opened: dict[int, tuple[int, int]] = {}  # slot -> (request, block) its buffers hold
+        self.reset()
         self._steps: dict[StepRules, object] = {}
         self._graphs: dict[tuple, _StepGraph] = {}  # (rules, padded requests, padded rows, dtype) -> graph
         self._pool = None
         self.captures = self.replays = 0
+
+    @classmethod
+    def for_engine(cls, slots: int, block: int, device: torch.device, graph, graphs) -> "SlotSteps":
+        """An engine's ``SlotSteps``: its own (``graphs`` None), or the one kept with its ``BatchGraphs``
+        for this draft graph, with a slot for each of their pool's and the step graphs it captured, which
+        the next engine sharing those graphs takes over (``reset``)."""
+        if graphs is None:
+            return cls(slots, block, device, graph)
+        kept = graphs.__dict__.setdefault("slot_steps", {})
+        key = (graph, block, device)
+        if key not in kept:
+            kept[key] = cls(graphs.pool.max_requests, block, device, graph, graphs.replay)
+        kept[key].reset()
+        return kept[key]
+
+    def reset(self) -> None:
+        """No slot holds a request (a new engine's): each slot's next block is loaded afresh."""
+        slots = self.spare
+        self.counts = [1] * slots
+        self.next_parents = [[-1] for _ in range(slots)]
+        self.host_rows = [torch.zeros(1, self.block, dtype=torch.long) for _ in range(slots)]
+        self._opened = {}
 
     def _room(self, n: int) -> None:
         """At least ``n`` rows a slot (a request of a larger draft budget came)."""

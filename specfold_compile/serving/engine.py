@@ -125,8 +125,8 @@ class Engine:
         # what the passes run: the model, or its view with the layers compiled (compiled.ModelView)
         self.model = compiled_model(model, backend) if self.graphs is None else self.graphs.model
         self.pool = KVPool(model, max_requests, max_tokens_per_request) if self.graphs is None else self.graphs.pool
-        self.device_steps = None if loop == "host" else SlotSteps(
-            max_requests, block, self.device, self.graph, None if self.graphs is None else self.graphs.replay)
+        self.device_steps = None if loop == "host" else SlotSteps.for_engine(max_requests, block, self.device,
+                                                                              self.graph, self.graphs)
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._waiting: deque[RequestDecode] = deque()

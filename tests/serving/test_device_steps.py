@@ -111,3 +111,19 @@ def test_generate_on_a_list_takes_the_device_loop(model):
     batched = specfold_compile.generate(model, prompts, mode="spiffy", max_new_tokens=24, loop="device")
     alone = [specfold_compile.generate(model, p, mode="spiffy", max_new_tokens=24) for p in prompts]
     assert [(r.tokens, r.nfe) for r in batched] == [(a.tokens, a.nfe) for a in alone]
+
+
+def test_engines_sharing_graphs_share_the_replayed_steps():
+    """A ``BatchGraphs`` handed to the next engine brings the device loop's step graphs along: the second
+    engine replays them (no capture) and decodes the same tokens."""
+    from specfold_compile.serving import BatchGraphs
+
+    model = tiny_model(FAMILIES[0])
+    graphs = BatchGraphs(model, 2, 128, "eager")
+    requests = [(9, 12, 3, 0.9, 0), (5, 8, 2, 0.7, 0)]
+    kept = []
+    first = _decode(model, "device", "spiffy", graphs, requests, 2, keep=kept)
+    captured = kept[0].captures
+    assert _decode(model, "device", "spiffy", graphs, requests, 2, keep=kept) == first
+    assert kept[1] is kept[0] and kept[0].captures == captured and kept[0].replays > 0
+    assert first == _decode(model, "host", "spiffy", False, requests, 2)
