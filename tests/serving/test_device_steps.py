@@ -78,7 +78,7 @@ def test_device_loop_is_the_host_loop_from_graphs(family):
     interpreter here, so one small case a family): SpecFold's folded and draftless forwards, two kinds of
     decode, a late arrival."""
     model = tiny_model(family)
-    requests = [(9, 12, 3, 0.9, 0), (5, 8, 2, 0.7, 1)]
+    requests = [(9, 10, 3, 0.9, 0), (5, 6, 2, 0.7, 1)]
     host = _decode(model, "host", "specfold", "eager", requests, 2, tau=0.3)
     steps = []
     assert _decode(model, "device", "specfold", "eager", requests, 2, tau=0.3, keep=steps) == host
@@ -119,11 +119,11 @@ def test_engines_sharing_graphs_share_the_replayed_steps():
     from specfold_compile.serving import BatchGraphs
 
     model = tiny_model(FAMILIES[0])
-    graphs = BatchGraphs(model, 2, 128, "eager")
-    requests = [(9, 12, 3, 0.9, 0), (5, 8, 2, 0.7, 0)]
+    graphs = BatchGraphs(model, 1, 128, "eager")
+    requests = [(9, 8, 3, 0.9, 0)]
     kept = []
-    first = _decode(model, "device", "spiffy", graphs, requests, 2, keep=kept)
+    first = _decode(model, "device", "spiffy", graphs, requests, 1, keep=kept)
     captured = kept[0].captures
-    assert _decode(model, "device", "spiffy", graphs, requests, 2, keep=kept) == first
+    assert _decode(model, "device", "spiffy", graphs, requests, 1, keep=kept) == first
     assert kept[1] is kept[0] and kept[0].captures == captured and kept[0].replays > 0
-    assert first == _decode(model, "host", "spiffy", False, requests, 2)
+    assert first == _decode(model, "host", "spiffy", False, requests, 1)
