@@ -91,24 +91,8 @@ def force_slots(engine, tally: dict) -> None:
         upcoming = [(d.slot, d.forced["calls"][len(d.steps) + 1]) for d in decodes
                     if len(d.steps) + 1 < len(d.forced["calls"])]
         if upcoming:
-            width = max(steps.rows.shape[1], max(int(c["rows"].shape[0]) for _, c in upcoming))
-            steps._room(width)
-            b = steps.block
-            host = torch.zeros(len(upcoming), width * b + width + 1, dtype=torch.long)
-            for i, (_, call) in enumerate(upcoming):
-                n = int(call["rows"].shape[0])
-                rows = call["rows"].long()
-                host[i, :width * b] = torch.cat([rows, rows[:1].expand(width - n, b)]).flatten()  # pads: row 0
-                host[i, width * b:width * b + n] = torch.tensor(call["parents"])  # pads' parent: 0
-                host[i, -1] = n
-            rows, parents, n_rows = host.to(steps.device).split([width * b, width, 1], dim=1)
-            slots = torch.tensor([s for s, _ in upcoming], device=steps.device)
-            steps.rows[slots] = rows.reshape(len(upcoming), width, b)
-            steps.parents[slots] = parents
-            steps.n_rows[slots] = n_rows[:, 0]
-            for slot, call in upcoming:
-                steps.counts[slot], steps.next_parents[slot] = int(call["rows"].shape[0]), list(call["parents"])
-                steps.host_rows[slot] = call["rows"].long()
+            steps.write_calls([s for s, _ in upcoming], [c["rows"].long() for _, c in upcoming],
+                              [c["parents"] for _, c in upcoming])
         return results
 
     steps.forward_rows, steps.settle = recorded_rows, recorded_settle

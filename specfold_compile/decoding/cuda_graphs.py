@@ -40,7 +40,7 @@ from torch import Tensor
 from ..models.protocol import StaticCacheModel, VerifyForward
 from .dynamic import mark_dynamic_keys, mark_dynamic_shapes
 
-__all__ = ["VerifyGraphs", "capture_call", "logit_rows_bucket", "MIN_LOGIT_ROWS", "CAPACITY_STEP", "REPLAYS"]
+__all__ = ["VerifyGraphs", "capture_call", "record_call", "logit_rows_bucket", "MIN_LOGIT_ROWS", "CAPACITY_STEP", "REPLAYS"]
 
 MIN_LOGIT_ROWS = 16
 CAPACITY_STEP = 256   # static caches are allocated in multiples of this many keys, so prompts share graphs
@@ -256,25 +256,30 @@ class VerifyGraphs:
         return graph
 
     def _record(self, call, device: torch.device, restore: Tensor | tuple[Tensor, ...] | None = None):
-        """``call``'s output and a function that runs it again: a replay of its CUDA graph in the shared
-        pool (``replay="eager"``: ``call`` itself, its output copied into the first one's). The call is
-        run once before the capture (compiles, autotunes, warms; on a side stream, as torch.cuda.graph's
-        recipe asks) and once by a replay after it, whose output is this call's: a call that updates
-        ``restore`` (a tensor or a tuple of them) in place (a block write advances the device length) gets it
-        back between the two."""
-        if self.replay == "eager":
-            out = call()
-            return out, lambda: _copy_outputs(out, call())
-        restore = () if restore is None else (restore,) if isinstance(restore, Tensor) else tuple(restore)
-        saved = [t.clone() for t in restore]
-
-        def put_back():
-            for t, value in zip(restore, saved):
-                t.copy_(value)
-
-        if self._pool is None:
+        """``record_call`` in the shared pool."""
+        if self._pool is None and self.replay != "eager":
             self._pool = torch.cuda.graph_pool_handle()
-        return capture_call(call, device, self._pool, put_back)
+        return record_call(call, device, self.replay, self._pool, restore)
+
+
+def record_call(call, device: torch.device, replay: str, pool, restore: Tensor | tuple[Tensor, ...] | None = None):
+    """``call``'s output and a function that runs it again: a replay of its CUDA graph in memory pool
+    ``pool`` (``replay="eager"``: ``call`` itself, its output copied into the first one's). The call is
+    run once before the capture (compiles, autotunes, warms; on a side stream, as torch.cuda.graph's recipe
+    asks) and once by a replay after it, whose output is this call's: a call that updates ``restore`` (a
+    tensor or a tuple of them) in place (a block write advances the device length) gets it back between
+    the two."""
+    if replay == "eager":
+        out = call()
+        return out, lambda: _copy_outputs(out, call())
+    restore = () if restore is None else (restore,) if isinstance(restore, Tensor) else tuple(restore)
+    saved = [t.clone() for t in restore]
+
+    def put_back():
+        for t, value in zip(restore, saved):
+            t.copy_(value)
+
+    return capture_call(call, device, pool, put_back)
 
 
 def capture_call(call, device: torch.device, pool, between=None):

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..decoding.cuda_graphs import capture_call
+from ..decoding.cuda_graphs import record_call
 from ..decoding.device_step import STATUS_FIELDS, DraftTables, StepRules, step_from_confidences
 from .forward import row_bounds
 from .graphs import request_bucket, row_bucket
@@ -117,29 +117,41 @@ class SlotSteps:
         self._graphs.clear()  # they step the old buffers
 
     def load(self, decodes) -> None:
-        """Put the block each decode opened since its last step into its slot: the block's state in every
-        row, parents ``[-1, 0, ...]``, one real row, its [start, need]."""
+        """Put the block each decode opened since its last step into its slot: the block's state as its
+        one real row, its [start, need]."""
         fresh = [d for d in decodes if self._opened.get(d.slot) != (d.request_id, d.blocks)]
         if not fresh:
             return
-        n = max([self.rows.shape[1]] + [1 + step_rules(d).draft_budget for d in fresh])
-        self._room(n)
-        b, f = self.block, len(fresh)
-        host = torch.zeros(f, n * b + n + 3, dtype=torch.long)
-        host[:, :n * b] = torch.stack([d.state for d in fresh]).repeat(1, n)
-        host[:, n * b] = -1                                      # parents: -1, then 0 for the padding rows
-        host[:, -3] = 1                                          # one real row
-        host[:, -2:] = torch.tensor([[d.start, d.need] for d in fresh])
-        rows, parents, n_rows, info = host.to(self.device).split([n * b, n, 1, 2], dim=1)
-        slots = torch.tensor([d.slot for d in fresh], device=self.device)
-        self.rows[slots] = rows.reshape(f, n, b)
-        self.parents[slots] = parents
-        self.n_rows[slots] = n_rows[:, 0]
-        self.info[slots] = info
+        self.write_calls([d.slot for d in fresh], [d.state[None] for d in fresh], [[-1]] * len(fresh),
+                         [(d.start, d.need) for d in fresh], room=max(1 + step_rules(d).draft_budget for d in fresh))
         for d in fresh:
             self._opened[d.slot] = (d.request_id, d.blocks)
-            self.counts[d.slot], self.next_parents[d.slot] = 1, [-1]
-            self.host_rows[d.slot] = d.state[None].clone()
+
+    def write_calls(self, slots: list[int], rows: list[Tensor], parents: list[list[int]],
+                    info: list[tuple[int, int]] | None = None, room: int = 1) -> None:
+        """Make each slot's next call ``rows[i]`` (int64 ``[N_i, B]``, host) with ``parents[i]`` (and its
+        block's [start, need] ``info[i]`` if given), in one host-to-device copy: the rows past the real
+        ones copies of row 0 with parent 0; the buffers at least ``room`` rows a slot."""
+        width = max([self.rows.shape[1], room] + [int(r.shape[0]) for r in rows])
+        self._room(width)
+        b, f, extra = self.block, len(slots), 0 if info is None else 2
+        host = torch.zeros(f, width * b + width + 1 + extra, dtype=torch.long)
+        for i, (r, p) in enumerate(zip(rows, parents)):
+            n = int(r.shape[0])
+            host[i, :width * b] = torch.cat([r, r[:1].expand(width - n, b)]).flatten()
+            host[i, width * b:width * b + n] = torch.tensor(p)
+            host[i, width * b + width] = n
+        if info is not None:
+            host[:, -2:] = torch.tensor(info)
+        parts = host.to(self.device).split([width * b, width, 1, extra], dim=1)
+        at = torch.tensor(slots, device=self.device)
+        self.rows[at] = parts[0].reshape(f, width, b)
+        self.parents[at] = parts[1]
+        self.n_rows[at] = parts[2][:, 0]
+        if info is not None:
+            self.info[at] = parts[3]
+        for slot, r, p in zip(slots, rows, parents):
+            self.counts[slot], self.next_parents[slot], self.host_rows[slot] = int(r.shape[0]), list(p), r.clone()
 
     def logit_positions(self, decodes) -> list[Tensor]:
         """The flat positions ``n * B + p`` of each decode's next call whose logits it needs: its rows'
@@ -259,16 +271,10 @@ class SlotSteps:
                                index[m_pad + g_pad * n:], r_pad + 1)
 
         self.captures += 1
-        if self.replay == "eager":
-            graph.out = call()
-            graph.replay = lambda: graph.out.copy_(call())
-            return
-        state = (self.rows, self.parents, self.n_rows)
-        kept = [t.clone() for t in state]
-        if self._pool is None:
+        if self._pool is None and self.replay == "cuda":
             self._pool = torch.cuda.graph_pool_handle()
-        graph.out, graph.replay = capture_call(call, self.device, self._pool,
-                                               lambda: [t.copy_(k) for t, k in zip(state, kept)])
+        graph.out, graph.replay = record_call(call, self.device, self.replay, self._pool,
+                                              (self.rows, self.parents, self.n_rows))
 
     def _step(self, rules: StepRules):
         """The batched bookkeeping of one kind of decode (kept: one ``torch.vmap`` a kind)."""
