@@ -155,7 +155,8 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
     engine = Engine(model, max_requests=concurrency, max_tokens_per_request=args.capacity, mode=mode,
                     draft_graph=args.graph, tau=args.tau if mode == "specfold" else None, attention=attention,
                     cuda_graphs=False if graphs is None else graphs, compile_layers=compile_layers,
-                    max_verify_rows=None if mode == "vanilla" else args.max_verify_rows, loop=loop)
+                    max_verify_rows=None if mode == "vanilla" else args.max_verify_rows, loop=loop,
+                    compile_step=False if args.eager_step else None)
     # the device loop reads a replayed forward's results only after its bookkeeping: no split of its time
     clock = None if graphs is None or loop == "device" else PassClock(engine)
     pending, decodes, done, tally = deque(range(len(requests))), {}, {}, {}
@@ -314,7 +315,7 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
                "trace_driven": True, "trace_reproduced": all(r["trace_reproduced"] for r in runs),
                "warmup_s": warm_s, "compiles_while_timed": _graphs_compiled() - compiled,
                "cuda_graphs": graphed, "captures_while_timed": (graphs.captures - captured) if graphed else 0,
-               "loop": loop,
+               "loop": loop, "compile_step": loop == "device" and graphed and cuda and not args.eager_step,
                "arrival": args.arrival if args.arrival == "closed" else f"poisson {args.rate:g}/s",
                "record": {"model": recorded_by, "mode": kind},
                "draft_budget": 0 if kind == "vanilla" else args.draft_budget,  # the record's (run_command)
@@ -377,6 +378,8 @@ def main(argv=None) -> int:
     ap.add_argument("--loop", default="host", choices=("host", "device", "host,device"),
                     help="replay: Engine(loop=...), where each step's bookkeeping runs ('host,device' both, a row's "
                          "loop says which)")
+    ap.add_argument("--eager-step", action="store_true",
+                    help="replay --loop device: Engine(compile_step=False), the step's bookkeeping not compiled")
     ap.add_argument("--pool-tokens", type=int, default=None,
                     help="replay: each slot of the engine's KV pool holds this many positions (default: what the "
                          "record's requests need)")

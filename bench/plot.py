@@ -50,7 +50,16 @@ def serving_series(row: dict) -> str:
         f"+capacity {row['fold_capacity']}" if row.get("fold_capacity") not in (None, "0.5") else "") + (
         f"+drafts {drafts_bound(row)}" if drafts_bound(row) is not None else "") + (
         f"+rows {row['max_verify_rows']}" if row.get("max_verify_rows") is not None else "") + (
-        "+device loop" if row.get("loop") == "device" else "")
+        f"+{loop_label(row)}" if loop_label(row) else "")
+
+
+def loop_label(row: dict) -> str | None:
+    """A row's engine loop other than the host loop: "device loop", with ", eager step" where its
+    bookkeeping was not compiled (``Engine(compile_step=False)``; a row without ``compile_step`` predates
+    the choice)."""
+    if row.get("loop") in (None, "host"):
+        return None
+    return "device loop" + (", eager step" if row.get("compile_step") is False else "")
 
 
 def _rows(path: Path) -> list[dict]:
@@ -283,11 +292,11 @@ def _point(row: dict) -> tuple:
     """What a row measured (a re-measurement of the same point replaces it): a per_check point, one part
     of a breakdown row set (``part``, absent from per_check rows), an end-to-end row (``task``; its loop
     with or without fused block boundaries) or a batched one (``concurrency``, ``arrival``, ``attention``,
-    its graphs, capacity, bounds on drafts and rows, and its loop; a row without one ran the host loop)."""
+    its graphs, capacity, bounds on drafts and rows, and its loop, ``loop_label``)."""
     return tuple(row.get(k) for k in ("model", "prefix", "n_branches", "mode", "target_ratio", "what", "part", "task",
                                       "trace_driven", "fuse_boundaries", "concurrency", "arrival", "attention",
                                       "cuda_graphs", "fold_capacity", "max_verify_rows")) + (
-        drafts_bound(row), row.get("loop") if row.get("loop") != "host" else None)
+        drafts_bound(row), loop_label(row))
 
 
 def merge_results(out: str | Path, inputs: list[str | Path]) -> Path:

@@ -21,8 +21,9 @@ def _series(data: dict) -> list[str]:
 
 
 def _series_label(series: str) -> str:
-    if series.endswith("+device loop"):  # Engine(loop="device"): the steps' bookkeeping on the device
-        return _series_label(series.removesuffix("+device loop")) + ", device loop"
+    for loop in ("+device loop", "+device loop, eager step"):  # Engine(loop="device"): the bookkeeping on the device
+        if series.endswith(loop):
+            return _series_label(series.removesuffix(loop)) + ", " + loop[1:]
     mode, *paths = series.split("+")
     rows = next((p.removeprefix("rows ") for p in paths if p.startswith("rows ")), None)
     if rows is not None:  # Engine(max_verify_rows=R): drafts cut under load

@@ -23,7 +23,6 @@ test_device_step_loop.py).
 from __future__ import annotations
 
 import time
-import warnings
 
 import torch
 
@@ -32,7 +31,7 @@ from . import boundaries
 from .commit import block_finished, confidence
 from .cuda_graphs import VerifyGraphs
 from .decoder import GenerateResult, StepStats, _model_consts
-from .device_step import STATUS_FIELDS, DraftTables, StepRules, step_from_confidences
+from .device_step import STATUS_FIELDS, CompiledStep, DraftTables, StepRules, step_from_confidences
 from .dynamic import mark_dynamic_shapes
 from .graph import DraftGraph
 from .prompt_layout import layout_prompt
@@ -85,8 +84,7 @@ class DeviceDecoder:
                  trace=None):
         self.model, self.rules, self.graphs, self.trace = model, rules, graphs, trace
         compile_step = device.type == "cuda" if compile_step is None else compile_step
-        self._compiled = torch.compile(step_from_confidences, fullgraph=True, dynamic=False) if compile_step else None
-        self.compile_error: str | None = None
+        self._compiled_step = CompiledStep(step_from_confidences, compile_step)
         self.tables = None if graph is None or rules.draft_budget == 0 else DraftTables.from_graph(graph, device)
         self.buffers = StepBuffers(1 + rules.draft_budget, rules.block_size, device)
         # (rows, window) -> replay, on the static cache below; "first": first_step's bookkeeping
@@ -106,15 +104,12 @@ class DeviceDecoder:
             kept[key] = cls(model, rules, graph, device, graphs, compile_step, trace)
         return kept[key]
 
+    @property
+    def compile_error(self) -> str | None:
+        return self._compiled_step.compile_error
+
     def _bookkeeping(self, *args):
-        if self._compiled is not None:
-            try:
-                return self._compiled(*args)
-            except Exception as exc:  # noqa: BLE001 - any compile failure: the same ops, eager
-                self.compile_error, self._compiled = f"{type(exc).__name__}: {exc}"[:500], None
-                warnings.warn(f"device loop: the step's bookkeeping runs eagerly, its compile failed "
-                              f"({self.compile_error.splitlines()[0]})", stacklevel=2)
-        return step_from_confidences(*args)
+        return self._compiled_step(*args)
 
     def _run(self, n: int, cache) -> torch.Tensor:
         """One call of ``n`` rows and its bookkeeping; the buffers updated in place."""

@@ -24,7 +24,9 @@ drafts whose values agree to the last bit (the drafts change the number of forwa
 
 from __future__ import annotations
 
+import logging
 import struct
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +35,7 @@ from torch import Tensor
 from .commit import confidence
 from .graph import DraftGraph
 
-__all__ = ["StepRules", "DraftTables", "finished", "commit_rule", "rank_of_positions", "draft_rows",
+__all__ = ["StepRules", "DraftTables", "CompiledStep", "finished", "commit_rule", "rank_of_positions", "draft_rows",
            "acceptance_walk", "decode_step", "threshold_in", "step_from_confidences", "STATUS_FIELDS"]
 
 # The status word of a step (int64): the new main state's finished flag, draft rows accepted, the step
@@ -41,6 +43,11 @@ __all__ = ["StepRules", "DraftTables", "finished", "commit_rule", "rank_of_posit
 # whose logits produced the new state (under the Fast-dLLM shift: the predicted token after the block,
 # ``generate(fuse_boundaries=True)``'s guess of the next seed); the call's parents follow.
 STATUS_FIELDS = ("finished", "accepted", "stalled", "rows", "seed_guess")
+
+# Graphs a compiled step keeps per Python function: one a kind of decode and padded request count; Dynamo's
+# default (8) would turn the later ones silently eager.
+STEP_RECOMPILE_LIMIT = 64
+log = logging.getLogger("specfold_compile")
 
 
 @dataclass(frozen=True)
@@ -262,3 +269,33 @@ def step_from_confidences(conf: Tensor, tok: Tensor, rows: Tensor, parents: Tens
     guess = _row(tok, cur)[0]
     status = torch.cat([torch.stack([done.long(), accepted, stalled.long(), n_rows.long(), guess.long()]), parents])
     return next_rows, next_parents, 1 + kept, status
+
+
+class CompiledStep:
+    """``fn`` (bookkeeping: a few hundred small tensor ops) through ``torch.compile`` with static shapes
+    and no graph break, which fuses them into a few dozen kernels; ``backend`` None or False: ``fn`` itself.
+    A compile that fails falls back to ``fn`` (the same ops, eager) with one warning, the reason kept in
+    ``compile_error``. Each new shape compiles again, so callers pad shapes to a few buckets."""
+
+    def __init__(self, fn, backend: str | bool | None = "inductor"):
+        self.fn, self.compile_error = fn, None
+        if backend in (None, False):
+            self.compiled = None
+            return
+        self.compiled = torch.compile(fn, backend="inductor" if backend is True else backend, fullgraph=True,
+                                      dynamic=False)
+        config = torch._dynamo.config
+        if config.recompile_limit < STEP_RECOMPILE_LIMIT:
+            log.info("specfold: raising torch._dynamo.config.recompile_limit from %d to %d (a compiled decode "
+                     "step keeps a graph a padded shape)", config.recompile_limit, STEP_RECOMPILE_LIMIT)
+            config.recompile_limit = STEP_RECOMPILE_LIMIT
+
+    def __call__(self, *args):
+        if self.compiled is not None:
+            try:
+                return self.compiled(*args)
+            except Exception as exc:  # noqa: BLE001 - any compile failure: the same ops, eager
+                self.compile_error, self.compiled = f"{type(exc).__name__}: {exc}"[:500], None
+                warnings.warn(f"device loop: the step's bookkeeping runs eagerly, its compile failed "
+                              f"({self.compile_error.splitlines()[0]})", stacklevel=2)
+        return self.fn(*args)

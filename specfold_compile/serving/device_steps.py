@@ -26,7 +26,9 @@ decode, captured on first use per padded request count (a power of two; padding 
 slot past the pool's) and padded row count (``graphs.row_bucket``): a replay costs the copy of the
 confidences into the graph's buffers, one host-to-device copy of the index inputs and the launch, where
 launched it is a kernel for every tensor op of the walk and the pruning loops (``replay="eager"``: the
-same buffers, ``_group`` called again; the CPU path).
+same buffers, ``_group`` called again; the CPU path). There each kind's vmapped bookkeeping is compiled
+first (``compile_step``, on by default with ``replay="cuda"``): Inductor fuses its few hundred small ops,
+which the graph would otherwise replay one kernel each.
 
 The requests' own Python does no tensor work a step: it records the step and the new state it read.
 Tokens and forwards are ``loop="host"``'s (tests/serving/test_device_steps.py); a choice between two
@@ -42,7 +44,7 @@ import torch
 from torch import Tensor
 
 from ..decoding.cuda_graphs import record_call
-from ..decoding.device_step import STATUS_FIELDS, DraftTables, StepRules, step_from_confidences
+from ..decoding.device_step import STATUS_FIELDS, CompiledStep, DraftTables, StepRules, step_from_confidences
 from .forward import row_bounds
 from .graphs import request_bucket, row_bucket
 
@@ -60,12 +62,17 @@ def step_rules(decode) -> StepRules:
 
 class SlotSteps:
     """The next call of every pool slot's request, on ``device`` (module docstring); ``slots``: the pool's
-    slots, ``block``: the model's block size, ``graph``: the engine's draft graph (None: vanilla)."""
+    slots, ``block``: the model's block size, ``graph``: the engine's draft graph (None: vanilla).
+    ``compile_step``: each kind's batched bookkeeping through ``torch.compile`` (``CompiledStep``; True:
+    Inductor, or a backend's name); None (default): with ``replay="cuda"``, whose padded shapes bound
+    the compiles to one a kind and request bucket (launched, each request count would compile)."""
 
-    def __init__(self, slots: int, block: int, device: torch.device, graph=None, replay: str | None = None):
+    def __init__(self, slots: int, block: int, device: torch.device, graph=None, replay: str | None = None,
+                 compile_step: bool | str | None = None):
         if replay not in (None, "cuda", "eager"):
             raise ValueError(f"replay: expected None, 'cuda' or 'eager', got {replay!r}")
         self.block, self.device, self.replay = block, device, replay
+        self.compile_step = replay == "cuda" if compile_step is None else compile_step
         self.tables = None if graph is None or not len(graph) else DraftTables.from_graph(graph, device)
         self.spare = slots  # one slot more than the pool's: a replayed step's padding requests step it
         self.rows = torch.zeros(slots + 1, 1, block, dtype=torch.long, device=device)
@@ -83,18 +90,24 @@ class SlotSteps:
         self.captures = self.replays = 0
 
     @classmethod
-    def for_engine(cls, slots: int, block: int, device: torch.device, graph, graphs) -> "SlotSteps":
+    def for_engine(cls, slots: int, block: int, device: torch.device, graph, graphs,
+                   compile_step: bool | str | None = None) -> "SlotSteps":
         """An engine's ``SlotSteps``: its own (``graphs`` None), or the one kept with its ``BatchGraphs``
-        for this draft graph, with a slot for each of their pool's and the step graphs it captured, which
-        the next engine sharing those graphs takes over (``reset``)."""
+        for this draft graph and ``compile_step``, with a slot for each of their pool's and the step graphs
+        it captured, which the next engine sharing those graphs takes over (``reset``)."""
         if graphs is None:
-            return cls(slots, block, device, graph)
+            return cls(slots, block, device, graph, compile_step=compile_step)
         kept = graphs.__dict__.setdefault("slot_steps", {})
-        key = (graph, block, device)
+        key = (graph, block, device, compile_step)
         if key not in kept:
-            kept[key] = cls(graphs.pool.max_requests, block, device, graph, graphs.replay)
+            kept[key] = cls(graphs.pool.max_requests, block, device, graph, graphs.replay, compile_step)
         kept[key].reset()
         return kept[key]
+
+    @property
+    def compile_error(self) -> str | None:
+        """Why a kind's compiled bookkeeping fell back to the eager ops (None: none did)."""
+        return next((s.compile_error for s in self._steps.values() if s.compile_error), None)
 
     def reset(self) -> None:
         """No slot holds a request (a new engine's): each slot's next block is loaded afresh."""
@@ -277,7 +290,8 @@ class SlotSteps:
                                               (self.rows, self.parents, self.n_rows))
 
     def _step(self, rules: StepRules):
-        """The batched bookkeeping of one kind of decode (kept: one ``torch.vmap`` a kind)."""
+        """The batched bookkeeping of one kind of decode (kept: one ``torch.vmap`` a kind, compiled with
+        ``compile_step``)."""
         step = self._steps.get(rules)
         if step is None:
             tables = self.tables if rules.draft_budget else None
@@ -285,7 +299,7 @@ class SlotSteps:
             def one(conf, tok, rows, parents, n_rows, info):
                 return step_from_confidences(conf, tok, rows, parents, n_rows, info, rules, tables)
 
-            step = self._steps[rules] = torch.vmap(one)
+            step = self._steps[rules] = CompiledStep(torch.vmap(one), self.compile_step)
         return step
 
 

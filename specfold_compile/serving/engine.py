@@ -71,16 +71,24 @@ class Engine:
     ``"host"`` (default) runs each request's commits, acceptance walk and drafts in Python;
     ``"device"`` runs them for every request of a step at once as tensor ops on the model's device
     (``device_steps``: the same tokens), replayed from CUDA graphs too with ``cuda_graphs``; it takes no
-    ``max_verify_rows``."""
+    ``max_verify_rows``. ``compile_step``: under ``loop="device"``, that bookkeeping through
+    ``torch.compile`` (True: Inductor, or a backend's name; None, the default: with ``cuda_graphs=True``
+    or a shared ``BatchGraphs`` replaying on CUDA, whose padded shapes compile once a kind of decode and
+    request bucket; a failed compile runs the same ops eagerly, ``device_steps.compile_error``)."""
 
     def __init__(self, model, max_requests: int = 8, max_tokens_per_request: int = 1024, mode: str = "vanilla",
                  draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None,
                  tau: float | None = None, attention: str = "auto", cuda_graphs=False,
                  fold_capacity: float | tuple[float, ...] = 0.5, compile_layers: bool | str = False,
-                 max_verify_rows: int | None = None, loop: str = "host"):
+                 max_verify_rows: int | None = None, loop: str = "host", compile_step: bool | str | None = None):
         check_serving_model(model)
         if loop not in ("host", "device"):
             raise ValueError(f"loop: expected 'host' or 'device', got {loop!r}")
+        if compile_step is not None and not isinstance(compile_step, (bool, str)):
+            raise ValueError(f"compile_step: expected None, a bool or a torch.compile backend's name, "
+                             f"got {compile_step!r}")
+        if compile_step not in (None, False) and loop != "device":
+            raise ValueError("compile_step: only loop='device' runs a step's bookkeeping as tensor ops")
         if loop == "device" and max_verify_rows is not None:
             raise ValueError("max_verify_rows: loop='device' builds each call's drafts with its request's whole "
                              "draft_budget; leave max_verify_rows None, or use loop='host'")
@@ -126,7 +134,7 @@ class Engine:
         self.model = compiled_model(model, backend) if self.graphs is None else self.graphs.model
         self.pool = KVPool(model, max_requests, max_tokens_per_request) if self.graphs is None else self.graphs.pool
         self.device_steps = None if loop == "host" else SlotSteps.for_engine(max_requests, block, self.device,
-                                                                              self.graph, self.graphs)
+                                                                              self.graph, self.graphs, compile_step)
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._waiting: deque[RequestDecode] = deque()

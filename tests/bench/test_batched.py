@@ -316,11 +316,16 @@ def test_the_device_loop_replays_the_record(trace, tmp_path):
     for host, device in zip(rows[::2], rows[1::2]):
         same = ("tokens", "verify_calls", "rows_per_forward", "max_rows_per_forward", "max_logit_positions")
         assert [device[k] for k in same] == [host[k] for k in same]  # the same forwards, the same logits asked
-        assert plot.serving_series(device) == device["mode"] + "+device loop"
+        assert device["compile_step"] is False  # launched: Engine(loop="device")'s bookkeeping is not compiled
+        assert plot.serving_series(device) == device["mode"] + "+device loop, eager step"
         assert plot._point(host) != plot._point(device)
         assert plot._point(host) == plot._point({k: v for k, v in host.items() if k != "loop"})  # older rows: host
     header = report.render_batched_headline({"rows": rows[2:4]})[0]
-    assert "| Spiffy, eager, device loop (tokens/s) |" in header
+    assert "| Spiffy, eager, device loop, eager step (tokens/s) |" in header
+    compiled = {**rows[3], "compile_step": True}  # the bookkeeping compiled (CUDA graphs): its own series and point
+    assert plot.serving_series(compiled) == "spiffy+device loop" and plot._point(compiled) != plot._point(rows[3])
+    assert "| Spiffy, eager, device loop (tokens/s) |" in report.render_batched_headline(
+        {"rows": [rows[2], compiled]})[0]
 
 
 def test_a_device_loop_replay_of_a_row_limited_record_is_refused(tmp_path):

@@ -15,13 +15,14 @@ from specfold_compile.serving import Engine, RequestParams
 HSET = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _decode(model, loop, mode, cuda_graphs, requests, max_requests, abort_after=None, tau=0.0, keep=None):
+def _decode(model, loop, mode, cuda_graphs, requests, max_requests, abort_after=None, tau=0.0, keep=None, **engine):
     """Tokens, forwards and blocks of each request (``requests``: (prompt length, max_new_tokens, draft
     budget, threshold, steps before it arrives)), and SpecFold's fold masks; ``abort_after``: the first
-    request aborted after that many steps; ``keep``: a list the engine's ``device_steps`` is appended to."""
+    request aborted after that many steps; ``keep``: a list the engine's ``device_steps`` is appended to;
+    ``engine``: more ``Engine`` arguments."""
     gen = torch.Generator().manual_seed(len(requests))
     engine = Engine(model, max_requests=max_requests, max_tokens_per_request=128, mode=mode, loop=loop,
-                    cuda_graphs=cuda_graphs, **(dict(tau=tau) if mode == "specfold" else {}))
+                    cuda_graphs=cuda_graphs, **(dict(tau=tau) if mode == "specfold" else {}), **engine)
     if keep is not None:
         keep.append(engine.device_steps)
     ids, steps = [], 0
@@ -99,9 +100,31 @@ def test_abort_under_the_device_loop(family):
     assert host[0][0] == "aborted" and all(status == "finished" for status, *_ in host[1:])
 
 
+def test_compiled_bookkeeping_is_the_host_loop():
+    """``compile_step`` (the default when replaying on CUDA): each kind's batched bookkeeping through
+    torch.compile (Inductor on the CPU here), two kinds of decode with two and one requests a step: the
+    host loop's tokens and forwards, every step compiled (a fallback to the eager ops warns, which fails)."""
+    from torch._dynamo.utils import counters
+
+    model = tiny_model(FAMILIES[0])
+    requests = [(9, 24, 4, 0.9, 0), (9, 24, 4, 0.9, 0), (5, 16, 0, 0.7, 0)]
+    host = _decode(model, "host", "spiffy", False, requests, 3)
+    kept, compiled = [], counters["stats"]["unique_graphs"]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="device loop")
+        assert _decode(model, "device", "spiffy", False, requests, 3, keep=kept, compile_step="inductor") == host
+    assert kept[0].compile_error is None and len(kept[0]._steps) == 2
+    assert all(step.compiled is not None for step in kept[0]._steps.values())
+    assert counters["stats"]["unique_graphs"] - compiled >= 2
+
+
 def test_loop_argument_errors(model):
     with pytest.raises(ValueError, match="loop: expected 'host' or 'device'"):
         Engine(model, loop="gpu")
+    with pytest.raises(ValueError, match="compile_step: only loop='device'"):
+        Engine(model, compile_step=True)
+    with pytest.raises(ValueError, match="compile_step: expected None, a bool"):
+        Engine(model, loop="device", compile_step=1)
     with pytest.raises(ValueError, match="max_verify_rows"):
         Engine(model, mode="spiffy", loop="device", max_verify_rows=8)
 
