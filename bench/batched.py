@@ -295,8 +295,10 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
         try:
             serve(model, kind, c, workload(max(c, 2) if not graphed else max(args.requests, args.per_slot * c)),
                   args, cuda, attention, graphs, compile_layers, loop)
-        except torch.OutOfMemoryError:  # the timed point will say so
+        except torch.OutOfMemoryError:  # the timed point will say so; the stopped engine's slots freed
             torch.cuda.empty_cache()
+            if graphs is not None:
+                graphs.pool.free_all()
     warm_s = time.perf_counter() - t0
     for c in args.concurrency:
         n, compiled = max(args.requests, args.per_slot * c), _graphs_compiled()
@@ -307,6 +309,8 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
         except torch.OutOfMemoryError as exc:  # this point has no row; the file's setup names it
             args.out_of_memory.append({"model": name, "mode": mode, "attention": attention, "concurrency": c,
                                        "loop": loop})
+            if graphs is not None:
+                graphs.pool.free_all()
             print(f"{name} {mode} ({attention}) at concurrency {c}: out of memory "
                   f"({str(exc).splitlines()[0]})", flush=True)
             torch.cuda.empty_cache()

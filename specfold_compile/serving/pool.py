@@ -86,6 +86,12 @@ class KVPool:
         self._free.sort()
         self.lengths[slot] = 0
 
+    def free_all(self) -> None:
+        """Give every slot back: the pool of an engine that stopped mid-step (out of memory, say), for the
+        next engine that shares it."""
+        for slot in sorted(self._used):
+            self.free(slot)
+
     def _check_slot(self, slot: int) -> None:
         if slot not in self._used:
             raise ValueError(f"slot: {slot!r} is not an allocated slot of this pool")

@@ -16,6 +16,8 @@ def test_allocate_free_and_exhausted():
     assert pool.free_slots == 1 and pool.allocate() == a
     with pytest.raises(ValueError, match="slot: 5 is not an allocated slot"):
         pool.free(5)
+    pool.free_all()  # an engine that stopped mid-step leaves its slots; the next one sharing the pool frees them
+    assert pool.free_slots == 2 and pool.used_slots == 0 and pool.allocate() == 0
 
 
 def test_buffers_and_prefix_views():
