@@ -136,8 +136,9 @@ case "$part" in
                   python -m bench.plot "$OUT/batched.json" "$OUT"/batched_fast-dllm-v2-*.json ;;
   batched_loop)   # Engine(loop="host") against Engine(loop="device") (each step's bookkeeping as batched tensor ops on
                   # the GPU), compiled modes from CUDA graphs, trace-driven (.traces/batched_trace.pt: python -m
-                  # bench.batched record --out .traces/batched_trace.pt, ~1 min on the CPU); two modes, both loops at
-                  # 1.5B took 76 s with ARGS --concurrency 1,16,64 --repeats 1 (H100); one shape per call: BATCHED_MODELS=...
+                  # bench.batched record --out .traces/batched_trace.pt, ~1 min on the CPU); the three modes, both loops
+                  # at 1.5B took 5 min with ARGS --concurrency 1,16,64 --repeats 1 (H100, the step compiles included);
+                  # one shape per call: BATCHED_MODELS=...; ARGS --loop device --eager-step: the step uncompiled
                   for m in ${BATCHED_MODELS:-fast-dllm-v2-1.5b}; do
                     pool=(); [ "$m" = fast-dllm-v2-7b ] && pool=(--pool-tokens 4096)
                     python -m bench.batched replay --trace "${BATCHED_TRACE:-.traces/batched_trace.pt}" --device cuda \
