@@ -225,9 +225,6 @@ def replay(args, trace: dict, name: str) -> list[dict]:
     from specfold_compile.serving.batch import _positions_needed
 
     cuda = args.device == "cuda"
-    if trace.get("max_verify_rows") is not None and "device" in args.loop:
-        raise SystemExit("--loop device: Engine(loop='device') takes no max_verify_rows, which this record was made "
-                         "with; replay it with --loop host")
     if trace.get("max_verify_rows") is not None:  # its drafts a call follow the steps it was made in
         made = (trace["record_slots"], len(trace["requests"]))
         served = [(c, max(args.requests, args.per_slot * c)) for c in args.concurrency]

@@ -149,7 +149,8 @@ case "$part" in
   batched_rows)   # Engine(max_verify_rows=R), drafts cut under load (docs/serving.md): a record a concurrency, each
                   # made on the CPU as its replay serves it (max(16, 4 C) requests on C slots; ~2 min for the four),
                   # then Spiffy and SpecFold under Inductor from CUDA graphs, each record at its own concurrency
-                  # (~1-2 min a concurrency at 7B); R: BATCHED_ROWS (16); one shape per call: BATCHED_MODELS=...
+                  # (~1-2 min a concurrency at 7B); R: BATCHED_ROWS (16); one shape per call: BATCHED_MODELS=...;
+                  # ARGS --loop host,device: Engine(loop="device") too, its calls cut to the same shares
                   rows=${BATCHED_ROWS:-16}
                   for c in 1 4 16 64; do
                     [ -f "$OUT/rows${rows}_c$c.pt" ] || python -m bench.batched record --modes spiffy,specfold \

@@ -36,7 +36,8 @@ from .commit import confidence
 from .graph import DraftGraph
 
 __all__ = ["StepRules", "DraftTables", "CompiledStep", "finished", "commit_rule", "rank_of_positions", "draft_rows",
-           "acceptance_walk", "decode_step", "threshold_in", "step_from_confidences", "STATUS_FIELDS"]
+           "acceptance_walk", "decode_step", "threshold_in", "step_from_confidences", "prefix_of_drafts",
+           "STATUS_FIELDS"]
 
 # The status word of a step (int64): the new main state's finished flag, draft rows accepted, the step
 # made no progress (non-finite logits), the call's real rows, and the argmax at position 0 of the row
@@ -159,10 +160,13 @@ def rank_of_positions(state: Tensor, conf: Tensor, rules: StepRules) -> Tensor:
 
 
 def draft_rows(root: Tensor, conf: Tensor, tok: Tensor, info: Tensor, rules: StepRules,
-               tables: DraftTables) -> tuple[Tensor, Tensor, Tensor]:
+               tables: DraftTables, order: bool = False) -> tuple[Tensor, ...]:
     """``graph.build_drafts`` on the main state ``root`` [B] with the logits that produced it (``conf``,
     ``tok`` [B]): rows [D, B] (padding rows: copies of ``root``), fold parents [D] in row numbering
-    (0 = main) and the number of real drafts (int64 [])."""
+    (0 = main) and the number of real drafts (int64 []). ``order``: also int64 [D, 2], each row's turn
+    in the pruning's greedy choice (0 first; padding rows D) and the bit set of its parents among the
+    rows (bit 0 the main row), from which ``prefix_of_drafts`` takes ``build_drafts`` with a smaller
+    budget: the greedy choice does not depend on the budget, so a smaller one keeps its first picks."""
     d, g = rules.draft_budget, tables.ranks.shape[0]
     nodes = torch.arange(g, device=root.device)
     masked = root == rules.mask_id
@@ -197,9 +201,11 @@ def draft_rows(root: Tensor, conf: Tensor, tok: Tensor, info: Tensor, rules: Ste
 
     frontier, chosen = root_s & alive_s, torch.zeros_like(alive_s)
     minus_inf = torch.full_like(t, float("-inf"))
-    for _ in range(d):  # greedy: the reachable node of highest t (ties: the lowest index)
+    turn = torch.full_like(nodes, d)
+    for k in range(d):  # greedy: the reachable node of highest t (ties: the lowest index)
         pick = (nodes == torch.argmax(torch.where(frontier, t, minus_inf))) & frontier  # none once it is empty
         chosen = chosen | pick
+        turn = torch.where(pick, k, turn)
         frontier = (frontier | (children & pick[:, None]).any(0)) & ~chosen
 
     row_number = torch.cumsum(chosen.long(), 0)  # chosen node i -> row row_number[i] (1-based)
@@ -210,7 +216,27 @@ def draft_rows(root: Tensor, conf: Tensor, tok: Tensor, info: Tensor, rules: Ste
     states_s = states[perm]
     rows = torch.where(has[:, None], states_s[pick_i], root[None])
     parents = torch.where(has, fold[pick_i], 0)
-    return rows, parents, chosen.sum()
+    if not order:
+        return rows, parents, chosen.sum()
+    bit = torch.where(chosen, torch.bitwise_left_shift(torch.ones_like(row_number), row_number), 0)
+    parent_bits = (parent_s.long() * bit[None]).sum(-1) + root_s.long()  # distinct powers of two: their union
+    return rows, parents, chosen.sum(), torch.stack([torch.where(has, turn[pick_i], d),
+                                                     torch.where(has, parent_bits[pick_i], 0)], -1)
+
+
+def prefix_of_drafts(parents_bits: list[int], turns: list[int], budget: int) -> tuple[list[int], list[int]]:
+    """The drafts ``build_drafts`` keeps with ``budget`` from those it keeps with a larger one, given
+    their turns and parent bit sets (``draft_rows(order=True)``; row ``j + 1`` of the call is draft
+    ``j``): the kept drafts' indices, ascending, and their fold parents renumbered (the first parent
+    kept, the main row 0 first)."""
+    keep = [j for j, turn in enumerate(turns) if turn < budget]
+    row_of = {j + 1: r + 1 for r, j in enumerate(keep)}
+    parents = []
+    for j in keep:
+        kept = [0 if p == 0 else row_of[p] for p in range(parents_bits[j].bit_length())
+                if parents_bits[j] >> p & 1 and (p == 0 or p in row_of)]
+        parents.append(min(kept, default=0))
+    return keep, parents
 
 
 def acceptance_walk(rows: Tensor, n_rows: Tensor, conf: Tensor, tok: Tensor, info: Tensor,
@@ -253,22 +279,25 @@ def decode_step(logits: Tensor, rows: Tensor, parents: Tensor, n_rows: Tensor, i
 
 
 def step_from_confidences(conf: Tensor, tok: Tensor, rows: Tensor, parents: Tensor, n_rows: Tensor, info: Tensor,
-                          rules: StepRules, tables: DraftTables | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                          rules: StepRules, tables: DraftTables | None, order: bool = False) -> tuple[Tensor, ...]:
     """``decode_step`` after ``confidence``: ``conf``/``tok`` [N, B] instead of the logits. Integer and
     boolean work plus the drafts' float64 scores: what ``device_loop`` may compile (the confidences stay
-    the Python loop's own function, so the commits see the same values)."""
+    the Python loop's own function, so the commits see the same values). ``order``: a fifth output, int64
+    [1 + D, 2], ``draft_rows``' order of the next call's rows (row 0 the main state: -1, 0)."""
     y, cur, accepted = acceptance_walk(rows, n_rows, conf, tok, info, rules)
     stalled = (y == rows[0]).all()
     done = finished(y, info, rules)
     head = torch.full((1,), -1, dtype=torch.long, device=rows.device)
+    main_order = torch.tensor([[-1, 0]], dtype=torch.long, device=rows.device)
     if tables is None or rules.draft_budget == 0:
-        next_rows, next_parents, kept = y[None], head, torch.zeros_like(n_rows)
+        next_rows, next_parents, kept, next_order = y[None], head, torch.zeros_like(n_rows), main_order
     else:
-        d_rows, d_parents, kept = draft_rows(y, _row(conf, cur), _row(tok, cur), info, rules, tables)
+        d_rows, d_parents, kept, *d_order = draft_rows(y, _row(conf, cur), _row(tok, cur), info, rules, tables, order)
         next_rows, next_parents = torch.cat([y[None], d_rows]), torch.cat([head, d_parents])
+        next_order = torch.cat([main_order] + d_order) if order else main_order
     guess = _row(tok, cur)[0]
     status = torch.cat([torch.stack([done.long(), accepted, stalled.long(), n_rows.long(), guess.long()]), parents])
-    return next_rows, next_parents, 1 + kept, status
+    return (next_rows, next_parents, 1 + kept, status) + ((next_order,) if order else ())
 
 
 class CompiledStep:

@@ -9,7 +9,8 @@ confidences where the forward left them. Each pool slot keeps its request's next
 real ones copies of it), parents ``[S, N]``, real rows ``[S]`` and the block's [start, need] ``[S, 2]``.
 One engine step:
 
-1. ``load``: the first state of every block opened since the last step (one host-to-device copy);
+1. ``load``: the first state of every block opened since the last step (one host-to-device copy); with
+   the engine's ``max_verify_rows``, ``keep_drafts``: each call cut to its request's share of the rows;
 2. ``forward_rows``: the ready requests' real rows gathered into the forward's rows (one
    ``index_select``); the forward computes the logits of each row's masked positions, as the host loop
    does (``host_rows``: the host's copy of each slot's next rows, which says which they are);
@@ -19,7 +20,7 @@ One engine step:
    call), each request's next call written into its slot;
 4. one read back, a small int64 tensor: each request's status word (``device_step.STATUS_FIELDS``), its
    next call's parents and rows (the next forward's layout, its main row the new state: whether and how
-   its block ends, on the host).
+   its block ends, on the host) and its drafts' order (``keep_drafts``).
 
 With the engine's ``cuda_graphs`` (``SlotSteps(replay="cuda")``) step 3 is one CUDA graph a kind of
 decode, captured on first use per padded request count (a power of two; padding requests step a spare
@@ -44,11 +45,12 @@ import torch
 from torch import Tensor
 
 from ..decoding.cuda_graphs import record_call
-from ..decoding.device_step import STATUS_FIELDS, CompiledStep, DraftTables, StepRules, step_from_confidences
+from ..decoding.device_step import (STATUS_FIELDS, CompiledStep, DraftTables, StepRules, prefix_of_drafts,
+                                    step_from_confidences)
 from .forward import row_bounds
 from .graphs import request_bucket, row_bucket
 
-__all__ = ["SlotSteps", "step_rules"]
+__all__ = ["SlotSteps", "step_rules", "share_drafts"]
 
 _STATUS = len(STATUS_FIELDS)
 
@@ -58,6 +60,15 @@ def step_rules(decode) -> StepRules:
     s = decode.scoring
     return StepRules(decode.block, s.sub_block_size, decode.mask_id, decode.eos, s.threshold, s.inclusive, s.dtype,
                      s.argmax_of_probs, decode.params.draft_budget if decode.spiffy else 0)
+
+
+def share_drafts(decodes, max_rows: int, take) -> None:
+    """``Engine(max_verify_rows=max_rows)``'s allocation (``Engine.rows_for``): the mains first, then the
+    decodes in turn, ``take(d, share)`` giving decode ``d`` at most an even ``share`` of the rows still
+    free and returning how many drafts it took."""
+    free = max(0, max_rows - len(decodes))
+    for k, d in enumerate(decodes):
+        free -= take(d, free // (len(decodes) - k))
 
 
 class SlotSteps:
@@ -82,12 +93,14 @@ class SlotSteps:
         self.counts: list[int] = []                    # host: real rows of each slot's next call
         self.next_parents: list[list[int]] = []        # host: their parents
         self.host_rows: list[Tensor] = []              # host: the rows
+        # host: each next call's drafts' turns in the pruning and parent bit sets (``keep_drafts``)
+        self.orders: list[tuple[list[int], list[int]] | None] = []
         self._opened: dict[int, tuple[int, int]] = {}  # slot -> (request, block) its buffers hold
         self.reset()
         self._steps: dict[StepRules, object] = {}
         self._graphs: dict[tuple, _StepGraph] = {}  # (rules, padded requests, padded rows, dtype) -> graph
         self._pool = None
-        self.captures = self.replays = 0
+        self.captures = self.replays = self.cuts = 0  # cuts: next calls keep_drafts cut
 
     @classmethod
     def for_engine(cls, slots: int, block: int, device: torch.device, graph, graphs,
@@ -115,6 +128,7 @@ class SlotSteps:
         self.counts = [1] * slots
         self.next_parents = [[-1] for _ in range(slots)]
         self.host_rows = [torch.zeros(1, self.block, dtype=torch.long) for _ in range(slots)]
+        self.orders = [None] * slots
         self._opened = {}
 
     def _room(self, n: int) -> None:
@@ -165,6 +179,33 @@ class SlotSteps:
             self.info[at] = parts[3]
         for slot, r, p in zip(slots, rows, parents):
             self.counts[slot], self.next_parents[slot], self.host_rows[slot] = int(r.shape[0]), list(p), r.clone()
+            self.orders[slot] = None
+
+    def keep_drafts(self, decodes, max_rows: int) -> None:
+        """``Engine(max_verify_rows=max_rows)``: cut each decode's next call to its share of the rows
+        (``share_drafts``, as the host loop shares them), that is to the drafts ``graph.build_drafts``
+        keeps with that budget (``prefix_of_drafts``, from the pruning's order the step read back), in
+        one host-to-device copy."""
+        budgets: list[int] = []
+
+        def take(d, share: int) -> int:
+            budgets.append(min(share, self.counts[d.slot] - 1))
+            return budgets[-1]
+        share_drafts(decodes, max_rows, take)
+        slots, rows, parents = [], [], []
+        for d, budget in zip(decodes, budgets):
+            if self.counts[d.slot] - 1 <= budget:
+                continue
+            if self.orders[d.slot] is None:
+                raise RuntimeError(f"keep_drafts: slot {d.slot}'s next call was written, not built: no order")
+            turns, bits = self.orders[d.slot]
+            keep, kept_parents = prefix_of_drafts(bits, turns, budget)
+            slots.append(d.slot)
+            rows.append(self.host_rows[d.slot][[0] + [j + 1 for j in keep]])
+            parents.append([-1] + kept_parents)
+        if slots:
+            self.write_calls(slots, rows, parents)
+            self.cuts += len(slots)
 
     def logit_positions(self, decodes) -> list[Tensor]:
         """The flat positions ``n * B + p`` of each decode's next call whose logits it needs: its rows'
@@ -213,10 +254,12 @@ class SlotSteps:
                 n_next = int(row[s + k])
                 status = row[:s].tolist()
                 parents = row[s:s + n_next].tolist()
-                next_rows = row[s + k + 1:].view(k, b)[:n_next].clone()
+                next_rows = row[s + k + 1:s + k + 1 + k * b].view(k, b)[:n_next].clone()
+                order = row[s + k + 1 + k * b:].view(k, 2)[1:n_next]
                 results[i] = (status[:_STATUS] + status[_STATUS:_STATUS + status[3]], next_rows[0])
                 slot = decodes[i].slot
                 self.counts[slot], self.next_parents[slot], self.host_rows[slot] = n_next, parents, next_rows
+                self.orders[slot] = (order[:, 0].tolist(), order[:, 1].tolist())
         return results
 
     def _group(self, rules: StepRules, conf: Tensor, tok: Tensor, flat: Tensor, src: Tensor, slots: Tensor,
@@ -224,7 +267,8 @@ class SlotSteps:
         """One kind of decode's bookkeeping (``slots``' requests, ``src``: the rows of the step each of
         their padded ``N`` rows reads, ``flat``: where the confidences of the step's ``total_rows`` rows
         lie); its requests' next calls written into their slots; returns what the host reads of each: the
-        status word, the next call's parents, its real rows and its rows (int64 ``[g, ...]``). Tensor ops
+        status word, the next call's parents, its real rows, its rows and their order (``draft_rows``'
+        ``order``, for ``keep_drafts``; int64 ``[g, ...]``). Tensor ops
         alone, on the given tensors' shapes: what a replayed step captures."""
         b, n, g = self.block, 1 + rules.draft_budget, slots.shape[0]
         dev = self.device
@@ -235,12 +279,12 @@ class SlotSteps:
         shaped = (g, n, b)
         conf_rows = full_conf.view(-1, b).index_select(0, src).view(shaped)
         tok_rows = full_tok.view(-1, b).index_select(0, src).view(shaped)
-        next_rows, next_parents, next_n, status = self._step(rules)(
+        next_rows, next_parents, next_n, status, order = self._step(rules)(
             conf_rows, tok_rows, self.rows[slots, :n], self.parents[slots, :n], self.n_rows[slots], self.info[slots])
         self.rows[slots, :n] = next_rows
         self.parents[slots, :n] = next_parents
         self.n_rows[slots] = next_n
-        return torch.cat([status, next_parents, next_n[:, None], next_rows.flatten(1)], 1)
+        return torch.cat([status, next_parents, next_n[:, None], next_rows.flatten(1), order.flatten(1)], 1)
 
     def _group_replayed(self, rules: StepRules, conf: Tensor, tok: Tensor, flat: Tensor, src: Tensor, slots: Tensor,
                         total_rows: int) -> Tensor:
@@ -297,7 +341,7 @@ class SlotSteps:
             tables = self.tables if rules.draft_budget else None
 
             def one(conf, tok, rows, parents, n_rows, info):
-                return step_from_confidences(conf, tok, rows, parents, n_rows, info, rules, tables)
+                return step_from_confidences(conf, tok, rows, parents, n_rows, info, rules, tables, order=True)
 
             step = self._steps[rules] = CompiledStep(torch.vmap(one), self.compile_step)
         return step

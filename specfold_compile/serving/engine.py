@@ -33,7 +33,7 @@ from ..decoding.defaults import CONFIDENCE_DTYPES
 from ..decoding.specfold import check_tau
 from ..reference import gate_count
 from .compiled import check_compile_layers, compiled_model
-from .device_steps import SlotSteps
+from .device_steps import SlotSteps, share_drafts
 from .folded import verify_batch_folded
 from .forward import check_serving_model, engine_attention, verify_batch, write_blocks
 from .graphs import BatchGraphs, check_cuda_graphs, check_fold_capacity, shared_graphs
@@ -70,11 +70,12 @@ class Engine:
     rows (mains and drafts) one verification forward may hold, an int >= 1 (``rows_for``). ``loop``:
     ``"host"`` (default) runs each request's commits, acceptance walk and drafts in Python;
     ``"device"`` runs them for every request of a step at once as tensor ops on the model's device
-    (``device_steps``: the same tokens), replayed from CUDA graphs too with ``cuda_graphs``; it takes no
-    ``max_verify_rows``. ``compile_step``: under ``loop="device"``, that bookkeeping through
-    ``torch.compile`` (True: Inductor, or a backend's name; None, the default: with ``cuda_graphs=True``
-    or a shared ``BatchGraphs`` replaying on CUDA, whose padded shapes compile once a kind of decode and
-    request bucket; a failed compile runs the same ops eagerly, ``device_steps.compile_error``)."""
+    (``device_steps``: the same tokens and forwards), replayed from CUDA graphs too with ``cuda_graphs``;
+    there ``max_verify_rows`` cuts the drafts the step built (``SlotSteps.keep_drafts``).
+    ``compile_step``: under ``loop="device"``, that bookkeeping through ``torch.compile`` (True:
+    Inductor, or a backend's name; None, the default: with ``cuda_graphs=True`` or a shared
+    ``BatchGraphs`` replaying on CUDA, whose padded shapes compile once a kind of decode and request
+    bucket; a failed compile runs the same ops eagerly, ``device_steps.compile_error``)."""
 
     def __init__(self, model, max_requests: int = 8, max_tokens_per_request: int = 1024, mode: str = "vanilla",
                  draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None,
@@ -89,9 +90,6 @@ class Engine:
                              f"got {compile_step!r}")
         if compile_step not in (None, False) and loop != "device":
             raise ValueError("compile_step: only loop='device' runs a step's bookkeeping as tensor ops")
-        if loop == "device" and max_verify_rows is not None:
-            raise ValueError("max_verify_rows: loop='device' builds each call's drafts with its request's whole "
-                             "draft_budget; leave max_verify_rows None, or use loop='host'")
         if max_verify_rows is not None and (isinstance(max_verify_rows, bool) or not isinstance(max_verify_rows, int)
                                             or max_verify_rows < 1):
             raise ValueError(f"max_verify_rows: expected None or an int >= 1, got {max_verify_rows!r}")
@@ -308,10 +306,12 @@ class Engine:
         then depend on the other requests (leave it None for batch-independent results)."""
         if self.max_verify_rows is None:
             return [d.rows() for d in ready]
-        free, rows = max(0, self.max_verify_rows - len(ready)), []
-        for k, d in enumerate(ready):
-            rows.append(d.rows(free // (len(ready) - k)))
-            free -= int(rows[-1].shape[0]) - 1
+        rows = []
+
+        def take(d: RequestDecode, share: int) -> int:
+            rows.append(d.rows(share))
+            return int(rows[-1].shape[0]) - 1
+        share_drafts(ready, self.max_verify_rows, take)
         return rows
 
     def _verify(self, ready: list[RequestDecode], events: list[BlockOutput]) -> None:
@@ -323,6 +323,8 @@ class Engine:
             conf, tok = run(ready, rows, positions, [d.parents.tolist() for d in ready])
         else:  # the rows on the device, their masked positions on the host; the bookkeeping there, for all at once
             steps.load(ready)
+            if self.max_verify_rows is not None:  # each call, built with the whole draft_budget, cut to its share
+                steps.keep_drafts(ready, self.max_verify_rows)
             rows = steps.forward_rows(ready)
             positions = steps.logit_positions(ready)
             conf, tok = run(ready, rows, positions, [steps.next_parents[d.slot] for d in ready], True)

@@ -140,8 +140,10 @@ def test_a_record_with_a_row_limit_replays_its_own_steps(tmp_path):
     calls = [c for r in record["requests"] for c in r["spiffy"]["calls"]]
     assert max(c["rows"].shape[0] for c in calls) <= 4 and any(c["rows"].shape[0] > 1 for c in calls)
     rows = _replay(path, tmp_path / "r4.json", "--modes", "spiffy", "--concurrency", "3", "--requests", "3",
-                   "--per-slot", "1")["rows"]
-    assert rows[0]["trace_reproduced"] is True and rows[0]["max_verify_rows"] == 4
+                   "--per-slot", "1", "--loop", "host,device")["rows"]
+    assert [r["loop"] for r in rows] == ["host", "device"]  # the device loop cuts its calls as the record's
+    assert all(r["trace_reproduced"] is True and r["max_verify_rows"] == 4 for r in rows)
+    assert rows[1]["max_rows_per_forward"] == rows[0]["max_rows_per_forward"]
     assert rows[0]["max_rows_per_forward"] <= 4 and plot.serving_series(rows[0]) == "spiffy+rows 4"
     with pytest.raises(SystemExit, match=r"replays as it was made, on 3 slots with 3 requests; got \(slots, "
                                          r"requests\) \[\(2, 3\)\]"):
@@ -326,13 +328,3 @@ def test_the_device_loop_replays_the_record(trace, tmp_path):
     assert plot.serving_series(compiled) == "spiffy+device loop" and plot._point(compiled) != plot._point(rows[3])
     assert "| Spiffy, eager, device loop (tokens/s) |" in report.render_batched_headline(
         {"rows": [rows[2], compiled]})[0]
-
-
-def test_a_device_loop_replay_of_a_row_limited_record_is_refused(tmp_path):
-    path = tmp_path / "rows.pt"
-    assert batched.main(["record", "--limit", "1", "--tasks", "math", "--max-new-tokens", "8", "--modes", "spiffy",
-                         "--max-verify-rows", "4", "--record-slots", "1", "--record-requests", "1",
-                         "--out", str(path)]) == 0
-    with pytest.raises(SystemExit, match="--loop device"):
-        batched.main(["replay", "--device", "cpu", "--trace", str(path), *TINY, "--loop", "device",
-                      "--concurrency", "1", "--requests", "1", "--out", str(tmp_path / "x.json")])

@@ -10,7 +10,7 @@ from specfold_compile.decoding import (block_finished, build_drafts, commit, def
                                        rank_masked_positions)
 from specfold_compile.decoding.device_step import (STATUS_FIELDS, DraftTables, StepRules, acceptance_walk,
                                                    commit_rule, decode_step, draft_rows, finished,
-                                                   rank_of_positions, threshold_in)
+                                                   prefix_of_drafts, rank_of_positions, threshold_in)
 from specfold_compile.testing import no_host_reads
 
 MASK, EOS = 15, 1
@@ -92,6 +92,17 @@ def test_pieces_match_the_python_rules(case):
     assert rows[:k].tolist() == [s.tolist() for s in ref.states]
     assert parents[:k].tolist() == ref.parents
     assert bool((rows[k:] == state).all()) and bool((parents[k:] == 0).all())  # padding: copies of the main row
+
+    # a smaller budget keeps a prefix of the greedy choice: build_drafts with it, from the order
+    *same, order = draft_rows(state, conf, tok, info, rules, DraftTables.from_graph(graph), order=True)
+    assert all(torch.equal(a, b) for a, b in zip(same, (rows, parents, kept)))
+    assert sorted(order[:k, 0].tolist()) == list(range(k))
+    assert bool((order[k:] == torch.tensor([rules.draft_budget, 0])).all())  # padding rows: never picked
+    for budget in range(k + 1):
+        keep, kept_parents = prefix_of_drafts(order[:k, 1].tolist(), order[:k, 0].tolist(), budget)
+        smaller = build_drafts(state, conf, tok, graph, MASK, rules.sub_block_size, budget, fin)
+        assert [rows[j].tolist() for j in keep] == [s.tolist() for s in smaller.states]
+        assert kept_parents == smaller.parents
 
 
 @settings(max_examples=200, **HSET)

@@ -41,7 +41,8 @@ def _decode(model, loop, mode, cuda_graphs, requests, max_requests, abort_after=
     assert engine.pool.free_slots == max_requests
     outs = [engine.output(i) for i in ids]
     return [(o.status, o.tokens, [m.tolist() for m in o.fold_masks])
-            + ((o.result.nfe, o.result.blocks) if o.result else ()) for o in outs]
+            + ((o.result.nfe, o.result.blocks, [(s.branches, s.accepted, list(s.parents)) for s in o.result.steps])
+               if o.result else ()) for o in outs]
 
 
 @settings(max_examples=25, **HSET)
@@ -100,6 +101,33 @@ def test_abort_under_the_device_loop(family):
     assert host[0][0] == "aborted" and all(status == "finished" for status, *_ in host[1:])
 
 
+@settings(max_examples=12, **HSET)
+@given(family=st.sampled_from(FAMILIES), mode=st.sampled_from(["spiffy", "specfold"]),
+       max_verify_rows=st.integers(1, 12), max_requests=st.integers(1, 3),
+       requests=st.lists(st.tuples(st.integers(1, 30), st.integers(8, 40), st.integers(2, 8),
+                                   st.sampled_from([0.9, 1.0]), st.integers(0, 2)), min_size=1, max_size=4))
+def test_drafts_cut_under_load_on_the_device_loop(family, mode, max_verify_rows, max_requests, requests):
+    """``max_verify_rows`` under ``loop="device"``: each call built with the whole budget, then cut to the
+    request's share, is the call the host loop builds with that budget: the same forwards (rows, parents,
+    SpecFold's masks at tau 0.3) and tokens."""
+    model = tiny_model(family)
+    host = _decode(model, "host", mode, False, requests, max_requests, tau=0.3, max_verify_rows=max_verify_rows)
+    assert _decode(model, "device", mode, False, requests, max_requests, tau=0.3,
+                   max_verify_rows=max_verify_rows) == host
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_device_loop_cuts_drafts_as_the_host_loop_builds_them(family):
+    """Three requests of six drafts, at most five rows a forward: calls are cut, to the host loop's."""
+    model = tiny_model(family)
+    requests = [(9, 40, 6, 0.9, 0), (14, 40, 6, 0.9, 0), (5, 40, 6, 0.9, 0)]
+    host = _decode(model, "host", "spiffy", False, requests, 3, max_verify_rows=5)
+    kept = []
+    assert _decode(model, "device", "spiffy", False, requests, 3, max_verify_rows=5, keep=kept) == host
+    assert kept[0].cuts > 0
+    assert any(branches > 1 for *_, steps in host for branches, _, _ in steps), "no drafts left to verify"
+
+
 def test_compiled_bookkeeping_is_the_host_loop():
     """``compile_step`` (the default when replaying on CUDA): each kind's batched bookkeeping through
     torch.compile (Inductor on the CPU here), two kinds of decode with two and one requests a step: the
@@ -125,8 +153,6 @@ def test_loop_argument_errors(model):
         Engine(model, compile_step=True)
     with pytest.raises(ValueError, match="compile_step: expected None, a bool"):
         Engine(model, loop="device", compile_step=1)
-    with pytest.raises(ValueError, match="max_verify_rows"):
-        Engine(model, mode="spiffy", loop="device", max_verify_rows=8)
 
 
 def test_generate_on_a_list_takes_the_device_loop(model):
