@@ -176,3 +176,6 @@ def test_engines_sharing_graphs_share_the_replayed_steps():
     assert _decode(model, "device", "spiffy", graphs, requests, 1, keep=kept) == first
     assert kept[1] is kept[0] and kept[0].captures == captured and kept[0].replays > 0
     assert first == _decode(model, "host", "spiffy", False, requests, 1)
+    # the replayed steps read back the drafts' order too: cut under max_verify_rows as the host loop builds them
+    cut = _decode(model, "device", "spiffy", graphs, requests, 1, keep=kept, max_verify_rows=2)
+    assert cut == _decode(model, "host", "spiffy", False, requests, 1, max_verify_rows=2) and kept[2].cuts > 0
