@@ -112,6 +112,8 @@ class VerifyGraphs:
         self.cache = None                   # the static cache the graphs read
         self._windows: dict[int, object] = {}  # window keys -> a PrefixCache of views of the cache's buffers
         self.graphs: dict[tuple[int, int | None, int], _Graph] = {}  # (N, padded M, window)
+        # the device loop's steps (device_loop.DeviceDecoder.for_graphs): they live as long as the static cache
+        self.device_decoders: dict[tuple, object] = {}
         self.captures = 0                   # verification calls: shapes captured, calls replayed
         self.replays = 0
         # (block length, causal, compiled, next block verified with it, window)

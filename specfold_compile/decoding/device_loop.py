@@ -98,7 +98,7 @@ class DeviceDecoder:
                    trace=None) -> "DeviceDecoder":
         if graphs is None:
             return cls(model, rules, graph, device, compile_step=compile_step, trace=trace)
-        kept = graphs.__dict__.setdefault("device_decoders", {})  # lives as long as its static cache
+        kept = graphs.device_decoders
         key = (rules, graph, device, compile_step, id(trace))
         if key not in kept:
             kept[key] = cls(model, rules, graph, device, graphs, compile_step, trace)

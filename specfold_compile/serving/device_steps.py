@@ -110,7 +110,7 @@ class SlotSteps:
         it captured, which the next engine sharing those graphs takes over (``reset``)."""
         if graphs is None:
             return cls(slots, block, device, graph, compile_step=compile_step)
-        kept = graphs.__dict__.setdefault("slot_steps", {})
+        kept = graphs.slot_steps
         key = (graph, block, device, compile_step)
         if key not in kept:
             kept[key] = cls(graphs.pool.max_requests, block, device, graph, graphs.replay, compile_step)

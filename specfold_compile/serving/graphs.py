@@ -210,6 +210,8 @@ class BatchGraphs:
         self.block = int(model.config.block_size)
         self.mask_id = int(model.config.mask_token_id)
         self.graphs: dict[tuple, _Graph] = {}
+        # the device loop's step bookkeeping (serving.device_steps.SlotSteps.for_engine), shared like the graphs
+        self.slot_steps: dict[tuple, object] = {}
         self.captures = self.replays = 0
         self._tau = torch.zeros((), dtype=torch.float32, device=self.pool.device)
         self._handle = None
