@@ -84,9 +84,9 @@ def force_slots(engine, tally: dict) -> None:
         tally[engine.stats.verify_calls] = [sum(int(r.shape[0]) for r in rows), 0]
         return rows
 
-    def recorded_settle(decodes, positions, conf, tok):
+    def recorded_settle(decodes, positions, conf, tok, also=None):
         tally[engine.stats.verify_calls][1] = sum(int(p.numel()) for p in positions)
-        results = settle(decodes, positions, conf, tok)
+        results = settle(decodes, positions, conf, tok, also)
         # the call after this one (a block's first call instead, ``load``, when the record's block ends)
         upcoming = [(d.slot, d.forced["calls"][len(d.steps) + 1]) for d in decodes
                     if len(d.steps) + 1 < len(d.forced["calls"])]

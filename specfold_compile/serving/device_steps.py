@@ -48,7 +48,7 @@ from ..decoding.cuda_graphs import record_call
 from ..decoding.device_step import (STATUS_FIELDS, CompiledStep, DraftTables, StepRules, prefix_of_drafts,
                                     step_from_confidences)
 from .forward import row_bounds
-from .graphs import request_bucket, row_bucket
+from .graphs import request_bucket, row_bucket, split_folds
 
 __all__ = ["SlotSteps", "step_rules", "share_drafts"]
 
@@ -221,12 +221,13 @@ class SlotSteps:
         index = torch.repeat_interleave(first, torch.tensor(counts)) + _ranks(counts)
         return list(self.rows.view(-1, self.block).index_select(0, index.to(self.device)).split(counts))
 
-    def settle(self, decodes, positions: list[Tensor], conf: Tensor, tok: Tensor) -> list[tuple[list[int], Tensor]]:
+    def settle(self, decodes, positions: list[Tensor], conf: Tensor, tok: Tensor, also: Tensor | None = None):
         """The bookkeeping of the call ``forward_rows`` gave, on its confidences ``conf``/``tok`` at
         ``positions`` (``logit_positions``; flat, on the device): each decode's next call in its slot;
         returns, per decode, its status word (``STATUS_FIELDS`` then the call's real parents) and its new
         main state (int64 ``[B]``, host), after one read back; the next calls' layout is kept in
-        ``counts``, ``next_parents`` and ``host_rows``."""
+        ``counts``, ``next_parents`` and ``host_rows``. ``also``: a device tensor read back in the same
+        wait, returned second (its host copy)."""
         b = self.block
         counts = [self.counts[d.slot] for d in decodes]
         bounds = torch.tensor(row_bounds(counts)[:-1])
@@ -244,7 +245,12 @@ class SlotSteps:
             run = self._group if self.replay is None else self._group_replayed
             reads.append(run(rules, conf, tok, flat, src.flatten(), slots, sum(counts)))
             widths.append((members, _STATUS + n, n))
-        host = torch.cat([r.flatten() for r in reads]).cpu()  # the step's one read back
+        host = torch.cat([r.flatten() for r in reads])
+        if also is not None:  # two copies, one wait
+            host, also = host.to("cpu", non_blocking=True), also.to("cpu", non_blocking=True)
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
+        host = host.cpu()  # the step's one read back
         results: list = [None] * len(decodes)
         at = 0
         for (members, s, k), read in zip(widths, reads):
@@ -260,7 +266,27 @@ class SlotSteps:
                 slot = decodes[i].slot
                 self.counts[slot], self.next_parents[slot], self.host_rows[slot] = n_next, parents, next_rows
                 self.orders[slot] = (order[:, 0].tolist(), order[:, 1].tolist())
-        return results
+        return results if also is None else (results, also)
+
+    def settle_folded(self, decodes, positions: list[Tensor], forward):
+        """``settle`` after a folded forward it does not wait for: ``forward(read_folds, first_level)``
+        (``BatchGraphs.verify``) replays it, the bookkeeping runs on its confidences, and its fold masks
+        and overflow flag come back with the step's results in one read. If a gate overflowed (more
+        positions to compute than its graph packs), the calls in flight are put back, the forward is
+        replayed from the next capacity level and the step runs again. Returns ``settle``'s results, each
+        decode's fold masks and the forwards that overflowed."""
+        slots = [d.slot for d in decodes]
+        flight = [(self.host_rows[s], self.next_parents[s], self.orders[s]) for s in slots]
+        res = forward(False, 0)
+        results, folds = self.settle(decodes, positions, res.conf, res.tok, also=res.folds)
+        masks, overflow = split_folds(folds, [int(r.shape[0]) for r, _, _ in flight])
+        if not overflow or res.final:
+            return results, masks, 0
+        self.write_calls(slots, [r for r, _, _ in flight], [p for _, p, _ in flight])
+        for s, (_, _, order) in zip(slots, flight):
+            self.orders[s] = order
+        res = forward(True, 1)
+        return self.settle(decodes, positions, res.conf, res.tok), res.masks, 1 + res.overflows
 
     def _group(self, rules: StepRules, conf: Tensor, tok: Tensor, flat: Tensor, src: Tensor, slots: Tensor,
                total_rows: int) -> Tensor:

@@ -327,8 +327,16 @@ class Engine:
                 steps.keep_drafts(ready, self.max_verify_rows)
             rows = steps.forward_rows(ready)
             positions = steps.logit_positions(ready)
-            conf, tok = run(ready, rows, positions, [steps.next_parents[d.slot] for d in ready], True)
-            outcomes = steps.settle(ready, positions, conf, tok)
+            parents = [steps.next_parents[d.slot] for d in ready]
+            if self.graphs is not None and self.mode == "specfold" and any(int(r.shape[0]) > 1 for r in rows):
+                # the folded forward not waited for: its masks come back with the step's results
+                outcomes, masks, overflows = steps.settle_folded(ready, positions, lambda read, level: (
+                    self._folded_replay(ready, rows, positions, parents, True, read, level)))
+                self.stats.overflows += overflows
+                self._note_masks(ready, masks)
+            else:
+                conf, tok = run(ready, rows, positions, parents, True)
+                outcomes = steps.settle(ready, positions, conf, tok)
         at = 0
         for i, (d, p) in enumerate(zip(ready, positions)):
             try:  # the commit rule and the drafts' walk on this request's rows alone (host), or their outcome
@@ -366,12 +374,17 @@ class Engine:
         if self.mode != "specfold" or self._draftless(ready, rows):
             res = self.graphs.verify(slots, rows, positions, self.confidence_dtype, on_device=on_device)
             return res.conf, res.tok
-        forced = [d.forced_fold_masks() for d in ready]
-        res = self.graphs.verify(slots, rows, positions, self.confidence_dtype, parents, self.tau,
-                                 forced if all(m is not None for m in forced) else None, on_device)
+        res = self._folded_replay(ready, rows, positions, parents, on_device)
         self.stats.overflows += res.overflows
         self._note_masks(ready, res.masks)
         return res.conf, res.tok
+
+    def _folded_replay(self, ready, rows, positions, parents, on_device, read_folds=True, first_level=0):
+        """SpecFold's forward replayed (``BatchGraphs.verify``'s ``VerifyResult``)."""
+        forced = [d.forced_fold_masks() for d in ready]
+        return self.graphs.verify([d.slot for d in ready], rows, positions, self.confidence_dtype, parents, self.tau,
+                                  forced if all(m is not None for m in forced) else None, on_device, read_folds,
+                                  first_level)
 
     def _launched(self, ready, rows, positions, parents, on_device=False):
         """The forward launched: the confidences on the host (or device)."""

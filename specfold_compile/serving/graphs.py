@@ -132,12 +132,16 @@ class VerifyResult:
     """A replayed verification forward, on the host: each wanted position's ``conf`` and ``tok`` (in the
     requests' ``logit_positions`` order, concatenated); under SpecFold each request's fold masks (bool
     ``[G, N_i, B]``) and ``overflows``: how many graphs the forward overflowed (some gate computed more
-    positions than it packs) before the one that gave these numbers."""
+    positions than it packs) before the one that gave these numbers. ``verify(read_folds=False)``: no
+    masks yet; ``folds`` the graph's packed masks and overflow flag, unread on the device (``split_folds``),
+    ``final`` whether that graph packs every position (it cannot overflow)."""
 
     conf: Tensor
     tok: Tensor
     masks: list[Tensor] | None = None
     overflows: int = 0
+    folds: Tensor | None = None
+    final: bool = True
 
 
 @dataclass
@@ -219,13 +223,16 @@ class BatchGraphs:
     # --- verification -----------------------------------------------------------------------------
     def verify(self, slots: list[int], rows: list[Tensor], logit_positions: list[Tensor],
                confidence_dtype: str, parents: list[list[int]] | None = None, tau: float | None = None,
-               forced: list[Tensor] | None = None, on_device: bool = False) -> VerifyResult:
+               forced: list[Tensor] | None = None, on_device: bool = False, read_folds: bool = True,
+               first_level: int = 0) -> VerifyResult:
         """One verification forward over requests in ``slots`` (``rows[i]`` int64 ``[N_i, B]``, all on the
         host or all on the pool's device, ``logit_positions[i]`` its flat positions ``n * B + p`` whose
         confidences are wanted), as ``forward.verify_batch`` with ragged attention; with ``parents`` (each
         request's, host lists) the folded forward at ``tau`` (``forced``: each request's fold masks, bool
         ``[G, N_i, B]``). ``on_device``: the confidences stay on the pool's device (copies), else on the
-        host."""
+        host. ``read_folds=False``: the folded forward not waited for (``VerifyResult.folds``: the caller
+        reads its masks and overflow flag later, with its own results); ``first_level``: the capacity level
+        it starts at (``_capacity``)."""
         counts = [int(r.shape[0]) for r in rows]
         n_rows, n_req, block = sum(counts), len(rows), self.block
         r_pad, q_pad = row_bucket(n_rows), request_bucket(n_req)
@@ -260,7 +267,7 @@ class BatchGraphs:
             self._tau.fill_(float(tau))
 
         overflows = 0
-        for level in itertools.count():
+        for level in itertools.count(first_level):
             capacity = self._capacity(r_pad, n_req, n_rows, tau, level) if folded else ()
             key = ("verify", r_pad, q_pad, m_pad, confidence_dtype, folded, depth, capacity, forced is not None)
 
@@ -270,8 +277,11 @@ class BatchGraphs:
             graph = self._run(key, inputs, masks_in, call)
             if not folded:
                 break
+            if not read_folds:  # copies below, as of the confidences
+                return VerifyResult(*(t[:m].clone() for t in graph.outputs[:2]), folds=graph.outputs[2].clone(),
+                                    final=all(c == r_pad * block for c in capacity))
             # one read: the fold masks and, in the same buffer, the overflow flag
-            masks, overflow = _split_flag(graph.outputs[2])
+            masks, overflow = split_folds(graph.outputs[2], counts)
             if not overflow or all(c == r_pad * block for c in capacity):
                 break
             overflows += 1
@@ -279,7 +289,7 @@ class BatchGraphs:
         conf, tok = (t[:m].clone() if on_device else t[:m].to("cpu", copy=True) for t in graph.outputs[:2])
         if not folded:
             return VerifyResult(conf, tok)
-        return VerifyResult(conf, tok, list(masks[:, :n_rows].split(counts, dim=1)), overflows)
+        return VerifyResult(conf, tok, masks, overflows)
 
     def _capacity(self, r_pad: int, n_req: int, n_rows: int, tau: float, level: int = 0) -> tuple[int, ...]:
         """The positions each gate of a SpecFold graph packs, for ``n_req`` requests of ``n_rows`` rows in
@@ -440,11 +450,11 @@ def _by_row(tables: PositionTables, rows: int, block: int) -> PositionTables:
     return PositionTables(view(tables.cos), view(tables.sin), view(tables.q_scale))
 
 
-def _split_flag(packed: Tensor) -> tuple[Tensor, bool]:
-    """A SpecFold graph's fold masks ``[G, R_pad, B]`` and overflow flag, from its one output
-    ``[G, R_pad + 1, B]`` (the flag in the last row), copied to the host at once."""
-    host = packed.to("cpu", copy=True)
-    return host[:, :-1], bool(host[0, -1, 0])
+def split_folds(folds: Tensor, counts: list[int]) -> tuple[list[Tensor], bool]:
+    """A SpecFold graph's one output ``[G, R_pad + 1, B]`` (``VerifyResult.folds``), copied to the host at
+    once: each request's fold masks (``counts``: its rows) and the overflow flag (in the last row)."""
+    host = folds.to("cpu", copy=True)
+    return list(host[:, :sum(counts)].split(counts, dim=1)), bool(host[0, -1, 0])
 
 
 def rounds_depth(parents: list[list[int]]) -> int:

@@ -282,12 +282,15 @@ def test_cuda_graphs_replay_the_record_and_lead_the_headline(short_trace, tmp_pa
 def test_fold_capacity_record_gives_a_share_a_gate(short_trace, tmp_path):
     """``--fold-capacity record --min-packed 0``: SpecFold's graphs packing each gate's share of the
     record's computed positions (``capacity_from_masks`` over the forced masks), their own series; the
-    recorded calls made. (One request: the graphs' ragged attention runs in the interpreter here.)"""
+    recorded calls made on both loops (the device loop's folded forward not waited for). (One request: the
+    graphs' ragged attention runs in the interpreter here.)"""
     rows = _replay(short_trace, tmp_path / "capacity.json", "--modes", "specfold", "--cuda-graphs", "on", "--attention",
                    "ragged", "--fold-capacity", "record", "--min-packed", "0", "--capacity-spread", "2",
-                   "--concurrency", "1", "--requests", "1", "--per-slot", "1")["rows"]
-    assert [(r["fold_capacity"], r["min_packed"], r["capacity_spread"]) for r in rows] == [("record", 0, 2.0)]
-    assert rows[0]["trace_reproduced"] is True
+                   "--concurrency", "1", "--requests", "1", "--per-slot", "1", "--loop", "host,device")["rows"]
+    assert [(r["fold_capacity"], r["min_packed"], r["capacity_spread"], r["loop"]) for r in rows] == [
+        ("record", 0, 2.0, "host"), ("record", 0, 2.0, "device")]
+    assert all(r["trace_reproduced"] is True for r in rows)
+    assert rows[1]["verify_calls"] == rows[0]["verify_calls"] and rows[1]["tokens"] == rows[0]["tokens"]
     shares = rows[0]["fold_shares"]
     assert isinstance(shares, list) and all(0 < s <= 1 for s in shares)
     half = {**rows[0], "fold_capacity": "0.5", "fold_shares": 0.5}

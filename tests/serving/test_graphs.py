@@ -169,6 +169,22 @@ def test_overflowed_forwards_replay_at_a_larger_capacity(capacity):
         assert engine.stats.overflows == 0
 
 
+def test_the_device_loop_overflows_as_the_host_loop():
+    """Under ``loop="device"`` the folded forward is not waited for: its masks and overflow flag come back
+    with the step's results. An overflowed forward puts the calls in flight back, replays at the next
+    capacity level and steps again: the host loop's tokens, stats, masks and overflows."""
+    family, mode, tau = FAMILIES[0], "specfold", 0.5
+    model = tiny_model(family)
+    ref_tokens, ref_stats, ref_masks = _launched(family, mode, tau, 3)
+    engines = {loop: Engine(model, 3, MAX_TOKENS, mode=mode, tau=tau, loop=loop, cuda_graphs=BatchGraphs(
+        model, 3, MAX_TOKENS, "eager", fold_capacity=0.01, min_packed=0)) for loop in ("host", "device")}
+    for loop, engine in engines.items():
+        tokens, stats, masks = _decode(engine)
+        assert tokens == ref_tokens and stats == ref_stats, loop
+        _assert_same_masks(masks, ref_masks, loop)
+    assert engines["device"].stats.overflows == engines["host"].stats.overflows > 0
+
+
 # --- graphs shared between engines, argument errors ----------------------------------------------
 
 def test_graphs_are_reused_by_the_next_engine():
