@@ -316,7 +316,7 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
                "trace_driven": True, "trace_reproduced": all(r["trace_reproduced"] for r in runs),
                "warmup_s": warm_s, "compiles_while_timed": _graphs_compiled() - compiled,
                "cuda_graphs": graphed, "captures_while_timed": (graphs.captures - captured) if graphed else 0,
-               "loop": loop, "compile_step": loop == "device" and graphed and cuda and not args.eager_step,
+               "loop": loop, "compile_step": loop == "device" and cuda and not args.eager_step,
                "arrival": args.arrival if args.arrival == "closed" else f"poisson {args.rate:g}/s",
                "record": {"model": recorded_by, "mode": kind},
                "draft_budget": 0 if kind == "vanilla" else args.draft_budget,  # the record's (run_command)

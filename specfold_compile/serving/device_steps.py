@@ -28,8 +28,8 @@ slot past the pool's) and padded row count (``graphs.row_bucket``): a replay cos
 confidences into the graph's buffers, one host-to-device copy of the index inputs and the launch, where
 launched it is a kernel for every tensor op of the walk and the pruning loops (``replay="eager"``: the
 same buffers, ``_group`` called again; the CPU path). There each kind's vmapped bookkeeping is compiled
-first (``compile_step``, on by default with ``replay="cuda"``): Inductor fuses its few hundred small ops,
-which the graph would otherwise replay one kernel each.
+first (``compile_step``, on by default on CUDA; launched, the compiled step runs on the same padded
+buffers): Inductor fuses its few hundred small ops, which would otherwise be a kernel each.
 
 The requests' own Python does no tensor work a step: it records the step and the new state it read.
 Tokens and forwards are ``loop="host"``'s (tests/serving/test_device_steps.py); a choice between two
@@ -75,15 +75,16 @@ class SlotSteps:
     """The next call of every pool slot's request, on ``device`` (module docstring); ``slots``: the pool's
     slots, ``block``: the model's block size, ``graph``: the engine's draft graph (None: vanilla).
     ``compile_step``: each kind's batched bookkeeping through ``torch.compile`` (``CompiledStep``; True:
-    Inductor, or a backend's name); None (default): with ``replay="cuda"``, whose padded shapes bound
-    the compiles to one a kind and request bucket (launched, each request count would compile)."""
+    Inductor, or a backend's name), on the padded shapes of ``_group_replayed`` (launched too, as with
+    ``replay="eager"``), which bound the compiles to one a kind and request bucket; None (default): on
+    CUDA."""
 
     def __init__(self, slots: int, block: int, device: torch.device, graph=None, replay: str | None = None,
                  compile_step: bool | str | None = None):
         if replay not in (None, "cuda", "eager"):
             raise ValueError(f"replay: expected None, 'cuda' or 'eager', got {replay!r}")
         self.block, self.device, self.replay = block, device, replay
-        self.compile_step = replay == "cuda" if compile_step is None else compile_step
+        self.compile_step = device.type == "cuda" if compile_step is None else compile_step
         self.tables = None if graph is None or not len(graph) else DraftTables.from_graph(graph, device)
         self.spare = slots  # one slot more than the pool's: a replayed step's padding requests step it
         self.rows = torch.zeros(slots + 1, 1, block, dtype=torch.long, device=device)
@@ -242,7 +243,7 @@ class SlotSteps:
             # each request's rows, the padding rows taking its last real row's confidences (never read)
             src = bounds[at][:, None] + torch.minimum(torch.arange(n)[None], torch.tensor(counts)[at][:, None] - 1)
             slots = torch.tensor([decodes[i].slot for i in members])
-            run = self._group if self.replay is None else self._group_replayed
+            run = self._group if self.replay is None and not self.compile_step else self._group_replayed
             reads.append(run(rules, conf, tok, flat, src.flatten(), slots, sum(counts)))
             widths.append((members, _STATUS + n, n))
         host = torch.cat([r.flatten() for r in reads])
@@ -356,7 +357,7 @@ class SlotSteps:
         self.captures += 1
         if self._pool is None and self.replay == "cuda":
             self._pool = torch.cuda.graph_pool_handle()
-        graph.out, graph.replay = record_call(call, self.device, self.replay, self._pool,
+        graph.out, graph.replay = record_call(call, self.device, self.replay or "eager", self._pool,
                                               (self.rows, self.parents, self.n_rows))
 
     def _step(self, rules: StepRules):

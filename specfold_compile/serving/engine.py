@@ -73,9 +73,9 @@ class Engine:
     (``device_steps``: the same tokens and forwards), replayed from CUDA graphs too with ``cuda_graphs``;
     there ``max_verify_rows`` cuts the drafts the step built (``SlotSteps.keep_drafts``).
     ``compile_step``: under ``loop="device"``, that bookkeeping through ``torch.compile`` (True:
-    Inductor, or a backend's name; None, the default: with ``cuda_graphs=True`` or a shared
-    ``BatchGraphs`` replaying on CUDA, whose padded shapes compile once a kind of decode and request
-    bucket; a failed compile runs the same ops eagerly, ``device_steps.compile_error``)."""
+    Inductor, or a backend's name; None, the default: on CUDA), on shapes padded as the graphs pad them,
+    so that each kind of decode and request bucket compiles once; a failed compile runs the same ops
+    eagerly (``device_steps.compile_error``)."""
 
     def __init__(self, model, max_requests: int = 8, max_tokens_per_request: int = 1024, mode: str = "vanilla",
                  draft_graph=None, confidence_dtype: str = DEFAULTS.confidence_dtype, max_waiting: int | None = None,

@@ -321,7 +321,7 @@ def test_the_device_loop_replays_the_record(trace, tmp_path):
     for host, device in zip(rows[::2], rows[1::2]):
         same = ("tokens", "verify_calls", "rows_per_forward", "max_rows_per_forward", "max_logit_positions")
         assert [device[k] for k in same] == [host[k] for k in same]  # the same forwards, the same logits asked
-        assert device["compile_step"] is False  # launched: Engine(loop="device")'s bookkeeping is not compiled
+        assert device["compile_step"] is False  # on the CPU: Engine(loop="device")'s bookkeeping is not compiled
         assert plot.serving_series(device) == device["mode"] + "+device loop, eager step"
         assert plot._point(host) != plot._point(device)
         assert plot._point(host) == plot._point({k: v for k, v in host.items() if k != "loop"})  # older rows: host
