@@ -94,8 +94,9 @@ class SlotSteps:
         self.counts: list[int] = []                    # host: real rows of each slot's next call
         self.next_parents: list[list[int]] = []        # host: their parents
         self.host_rows: list[Tensor] = []              # host: the rows
-        # host: each next call's drafts' turns in the pruning and parent bit sets (``keep_drafts``)
-        self.orders: list[tuple[list[int], list[int]] | None] = []
+        # host: each next call's drafts' turns in the pruning and parent bit sets, int64 [N - 1, 2]
+        # (``keep_drafts``; None: the call was written, not built)
+        self.orders: list[Tensor | None] = []
         self._opened: dict[int, tuple[int, int]] = {}  # slot -> (request, block) its buffers hold
         self.reset()
         self._steps: dict[StepRules, object] = {}
@@ -199,8 +200,8 @@ class SlotSteps:
                 continue
             if self.orders[d.slot] is None:
                 raise RuntimeError(f"keep_drafts: slot {d.slot}'s next call was written, not built: no order")
-            turns, bits = self.orders[d.slot]
-            keep, kept_parents = prefix_of_drafts(bits, turns, budget)
+            order = self.orders[d.slot]
+            keep, kept_parents = prefix_of_drafts(order[:, 1].tolist(), order[:, 0].tolist(), budget)
             slots.append(d.slot)
             rows.append(self.host_rows[d.slot][[0] + [j + 1 for j in keep]])
             parents.append([-1] + kept_parents)
@@ -266,7 +267,7 @@ class SlotSteps:
                 results[i] = (status[:_STATUS] + status[_STATUS:_STATUS + status[3]], next_rows[0])
                 slot = decodes[i].slot
                 self.counts[slot], self.next_parents[slot], self.host_rows[slot] = n_next, parents, next_rows
-                self.orders[slot] = (order[:, 0].tolist(), order[:, 1].tolist())
+                self.orders[slot] = order  # read only when keep_drafts cuts the call
         return results if also is None else (results, also)
 
     def settle_folded(self, decodes, positions: list[Tensor], forward):

@@ -277,12 +277,13 @@ class BatchGraphs:
             graph = self._run(key, inputs, masks_in, call)
             if not folded:
                 break
+            final = all(c == r_pad * block for c in capacity)  # every position packed: it cannot overflow
             if not read_folds:  # copies below, as of the confidences
                 return VerifyResult(*(t[:m].clone() for t in graph.outputs[:2]), folds=graph.outputs[2].clone(),
-                                    final=all(c == r_pad * block for c in capacity))
+                                    final=final)
             # one read: the fold masks and, in the same buffer, the overflow flag
             masks, overflow = split_folds(graph.outputs[2], counts)
-            if not overflow or all(c == r_pad * block for c in capacity):
+            if not overflow or final:
                 break
             overflows += 1
         # copies: the next replay overwrites the graph's outputs (``.cpu()`` alone is a view on the CPU)
