@@ -63,7 +63,7 @@ from pathlib import Path
 import torch
 
 from bench.batched_capacity import add_capacity_arguments, fold_capacity, parse_capacity_arguments
-from bench.batched_clock import PassClock, arrival_times, percentile
+from bench.batched_clock import GcClock, PassClock, arrival_times, percentile
 from bench.batched_forcing import _Forcing, _Recording, _as, force_slots, forced_tensors
 from bench.common import check_output, write_profile
 from bench.trace_driven import parse_override, run_command, token_map
@@ -162,7 +162,7 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
     pending, decodes, done, tally = deque(range(len(requests))), {}, {}, {}
     if loop == "device":
         force_slots(engine, tally)
-    t0 = time.perf_counter()
+    collector, t0 = GcClock(), time.perf_counter()
     while pending or engine.has_work:
         now = time.perf_counter() - t0
         while pending and arrivals[pending[0]] <= now:
@@ -180,7 +180,7 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
     if cuda:
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    parts = {} if clock is None else clock.parts(wall)
+    parts = {**collector.read(), **({} if clock is None else clock.parts(wall))}
     if clock is not None:
         clock.close()
     latencies, tokens, reproduced, rows = [], 0, len(done) == len(requests), 0

@@ -5,10 +5,12 @@ the replay and the read of its results, which waits for the GPU), and the rest (
 and the forcing's bookkeeping on the host. A replay's results are read before the next pass starts, so
 the passes do not overlap and the parts add up to the wall time (not so under ``Engine(loop="device")``,
 which reads a replayed forward's results after its bookkeeping: such a run is not split). And when the
-requests arrive (``arrival_times``) and the latency percentiles (``percentile``)."""
+requests arrive (``arrival_times``), the latency percentiles (``percentile``) and the garbage collector's
+pauses during a run (``GcClock``)."""
 
 from __future__ import annotations
 
+import gc
 import random
 import time
 
@@ -48,6 +50,31 @@ class PassClock:
         out = dict(self.totals)
         out["host_s"] = wall - sum(out.values())
         return out
+
+
+class GcClock:
+    """The garbage collector's pauses from its creation until ``read()``: ``gc_s`` in all,
+    ``gc_collections``, and ``gc_full`` of them full (generation 2, which walk every tracked object: the
+    longest after many compiles). A part of ``host_s`` that is not the engine's own work."""
+
+    def __init__(self):
+        self.gc_s, self.collections, self.full, self._since = 0.0, 0, 0, None
+        gc.callbacks.append(self._collecting)
+
+    def _collecting(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._since = time.perf_counter()
+        elif self._since is not None:
+            self.gc_s += time.perf_counter() - self._since
+            self.collections += 1
+            self.full += info.get("generation") == 2
+            self._since = None
+
+    def read(self) -> dict:
+        """The totals so far; the callback removed."""
+        if self._collecting in gc.callbacks:
+            gc.callbacks.remove(self._collecting)
+        return {"gc_s": self.gc_s, "gc_collections": self.collections, "gc_full": self.full}
 
 
 def arrival_times(n: int, args) -> list[float]:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from bench import batched, plot, report
+from bench.batched_clock import GcClock
 from specfold_compile.serving import SERVING_MODES
 
 FIELDS = {"model", "concurrency", "mode", "tokens_per_s", "p50_latency_ms", "p99_latency_ms", "peak_bytes",
@@ -273,6 +274,7 @@ def test_cuda_graphs_replay_the_record_and_lead_the_headline(short_trace, tmp_pa
     parts = [rows[1][k] for k in ("verify_s", "write_s", "prefill_s", "host_s")]
     assert rows[1]["verify_s"] > 0 and min(parts) >= 0 and abs(sum(parts) - rows[1]["wall_s"]) < 1e-6
     assert "verify_s" not in rows[0]  # launched: not split
+    assert all(r["gc_s"] >= 0 and r["gc_collections"] >= r["gc_full"] >= 0 for r in rows)  # every row
     assert [plot.serving_series(r) for r in rows] == ["vanilla+ragged", "vanilla+ragged+graphs"]
     table = report.render_batched_headline({"rows": rows})
     assert table[0] == "| shape | concurrency | vanilla, CUDA graphs (tokens/s) | vanilla, CUDA graphs p50 / p99 (ms) |"
@@ -331,3 +333,19 @@ def test_the_device_loop_replays_the_record(trace, tmp_path):
     assert plot.serving_series(compiled) == "spiffy+device loop" and plot._point(compiled) != plot._point(rows[3])
     assert "| Spiffy, eager, device loop (tokens/s) |" in report.render_batched_headline(
         {"rows": [rows[2], compiled]})[0]
+
+
+def test_gc_clock_counts_the_collections_of_its_run():
+    """``GcClock``: the collections between its creation and ``read()``, full ones apart, their time; no
+    callback left behind."""
+    import gc
+
+    before = len(gc.callbacks)
+    clock = GcClock()
+    gc.collect(0)
+    gc.collect()
+    got = clock.read()
+    assert got["gc_collections"] == 2 and got["gc_full"] == 1 and got["gc_s"] > 0
+    assert len(gc.callbacks) == before
+    gc.collect()
+    assert clock.read() == got  # nothing counted after the first read
