@@ -21,7 +21,7 @@ last accepted row, or a state the dedup merged into an earlier row.)
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -29,60 +29,17 @@ from . import boundaries
 from .commit import block_finished, commit, confidence
 from .cuda_graphs import VerifyGraphs
 from .defaults import CONFIDENCE_DTYPES, DEFAULTS
+from .device_loop import decode_on_device
 from .dynamic import mark_dynamic_shapes
 from .graph import build_drafts, default_draft_graph, load_draft_graph
 from ..models.protocol import DecodingModel, VerifyForward
 from .prompt_layout import layout_prompt
+from .result import GenerateResult, StepStats, model_consts
 from .specfold import verification_forward
 
 __all__ = ["generate", "GenerateResult", "StepStats", "record_traces", "mark_dynamic_shapes", "MODES"]
 
 MODES = ("vanilla", "spiffy", "specfold")
-
-
-@dataclass
-class StepStats:
-    """One verification step: a ``model(...)`` call, or (``fused``) a block's first state verified by the
-    pass that wrote the prefix before it (``generate(fuse_boundaries=True)``)."""
-
-    branches: int                  # rows N of the call (1 = main only)
-    accepted: int                  # draft rows accepted after the call
-    parents: list[int]             # the parents vector passed to the model (parents[0] = -1)
-    rows: torch.Tensor | None = None  # CPU int64 [N, B] tokens of the call (for benchmark replay)
-    fused: bool = False            # verified by the pass that wrote the prefix before it (no call of its own)
-
-
-@dataclass
-class GenerateResult:
-    tokens: list[int]
-    nfe: int
-    wall_time_s: float
-    steps: list[StepStats] = field(default_factory=list)
-    mode: str = "vanilla"
-    blocks: int = 0                # blocks decoded (started)
-    graph_captures: int = 0        # cuda_graphs: verification shapes captured in this call (first calls)
-    graph_replays: int = 0         # cuda_graphs: verification calls replayed from a captured graph
-
-    @property
-    def num_calls(self) -> int:
-        return len(self.steps)
-
-    @property
-    def accepted_per_call(self) -> float:
-        return sum(s.accepted for s in self.steps) / len(self.steps) if self.steps else 0.0
-
-    @property
-    def branches_per_call(self) -> float:
-        return sum(s.branches for s in self.steps) / len(self.steps) if self.steps else 0.0
-
-    @property
-    def calls(self) -> list[tuple[int, list[int]]]:
-        """``(N, parents)`` of every verification call, in order (for benchmark replay)."""
-        return [(s.branches, list(s.parents)) for s in self.steps]
-
-    @property
-    def tokens_per_call(self) -> float:
-        return len(self.tokens) / len(self.steps) if self.steps else 0.0
 
 
 def _check_int(name, v, lo):
@@ -116,18 +73,6 @@ def _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at
         raise TypeError(f"all_logits must be a bool, got {type(all_logits).__name__}")
     if not isinstance(confidence_dtype, str) or confidence_dtype not in CONFIDENCE_DTYPES:
         raise ValueError(f"confidence_dtype must be one of {CONFIDENCE_DTYPES}, got {confidence_dtype!r}")
-
-
-def _model_consts(model):
-    cfg = model.config
-    B = int(cfg.block_size)
-    sb = cfg.sub_block_size
-    sb = None if sb is None else int(sb)
-    if B < 2:
-        raise ValueError(f"model.config.block_size must be >= 2, got {B}")
-    if sb is not None and sb < 1:
-        raise ValueError(f"model.config.sub_block_size must be None or >= 1, got {sb}")
-    return B, sb, int(cfg.mask_token_id), int(cfg.eos_token_id)
 
 
 @dataclass(frozen=True)
@@ -224,7 +169,7 @@ def _decode(model: DecodingModel, prompt_ids, mode, max_new_tokens, threshold, d
             fuse_boundaries: bool | str = False) -> GenerateResult:
     """The decode loop; ``forward``: the verification call (None: ``model`` itself)."""
     forward = model if forward is None else forward
-    B, sb, mask_id, eos_id = _model_consts(model)
+    B, sb, mask_id, eos_id = model_consts(model)
     rules = model.config.decoding_rules
     layout = layout_prompt(prompt_ids, B, rules.prompt_on_block_grid)
     layout.check_positions(max_new_tokens, int(model.config.max_position_embeddings))  # before any forward
@@ -418,8 +363,6 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
         load_draft_graph(draft_graph, B)  # still reject a malformed graph
     with torch.inference_mode():
         if loop == "device":
-            from .device_loop import decode_on_device  # it builds on this module
-
             return decode_on_device(model, prompt_ids, mode, max_new_tokens, float(threshold), draft_budget, graph,
                                     stop_at_eos, compile_writes, graphs, confidence_dtype, forward=forward,
                                     fuse_boundaries=fuse_boundaries)
@@ -437,7 +380,7 @@ def record_traces(model: DecodingModel, prompts, max_new_tokens: int = DEFAULTS.
         {"block_size", "sub_block_size", "mask_token_id", "threshold", "confidence_dtype",
          "blocks": [{"states": [[B ints] * (n+1)], "conf": [[B floats] * n], "argmax": [[B ints] * n]}]}
     """
-    B, sb, mask_id, _ = _model_consts(model)
+    B, sb, mask_id, _ = model_consts(model)
     blocks: list = []
     for i, p in enumerate(prompts):
         if not isinstance(p, torch.Tensor):

@@ -30,11 +30,11 @@ from ..models.checks import loop_built_rows
 from . import boundaries
 from .commit import block_finished, confidence
 from .cuda_graphs import VerifyGraphs
-from .decoder import GenerateResult, StepStats, _model_consts
 from .device_step import STATUS_FIELDS, CompiledStep, DraftTables, StepRules, step_from_confidences
 from .dynamic import mark_dynamic_shapes
 from .graph import DraftGraph
 from .prompt_layout import layout_prompt
+from .result import GenerateResult, StepStats, model_consts
 
 __all__ = ["StepBuffers", "DeviceDecoder", "decode_on_device"]
 
@@ -210,7 +210,7 @@ def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_b
     ``StepForcing`` (replays a record), for trace-driven benchmarks. ``fuse_boundaries``: as in
     ``generate``; the guess of a seed is the last step's status word's ``seed_guess``, and a fused
     block's first step runs only its bookkeeping (``DeviceDecoder.first_step``)."""
-    B, sb, mask_id, eos_id = _model_consts(model)
+    B, sb, mask_id, eos_id = model_consts(model)
     fam = model.config.decoding_rules
     layout = layout_prompt(prompt_ids, B, fam.prompt_on_block_grid)
     layout.check_positions(max_new_tokens, int(model.config.max_position_embeddings))  # before any forward
