@@ -288,7 +288,7 @@ def step_from_confidences(conf: Tensor, tok: Tensor, rows: Tensor, parents: Tens
     stalled = (y == rows[0]).all()
     done = finished(y, info, rules)
     head = torch.full((1,), -1, dtype=torch.long, device=rows.device)
-    main_order = torch.tensor([[-1, 0]], dtype=torch.long, device=rows.device)
+    main_order = torch.cat([head, torch.zeros_like(head)])[None]  # [[-1, 0]], no host data (no copy to wait for)
     if tables is None or rules.draft_budget == 0:
         next_rows, next_parents, kept, next_order = y[None], head, torch.zeros_like(n_rows), main_order
     else:
