@@ -265,7 +265,7 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
              cuda_graphs: bool | VerifyGraphs = False,
              confidence_dtype: str = DEFAULTS.confidence_dtype, tau: float | None = None,
              specfold_options: dict | None = None, loop: str = "host",
-             fuse_boundaries: bool | str = DEFAULTS.fuse_boundaries) -> GenerateResult:
+             fuse_boundaries: bool | str = DEFAULTS.fuse_boundaries, steps_per_read: int = 1) -> GenerateResult:
     """Greedy block-diffusion decoding of ``prompt_ids`` (1-D int64). Defaults: ``decoding.DEFAULTS``.
 
     ``mode="vanilla"``: one forward per denoising step. ``mode="spiffy"``: each forward also verifies up
@@ -322,7 +322,10 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
     ``loop``: ``"host"`` (default) runs each step's bookkeeping (commits, the acceptance walk, the drafts)
     in Python; ``"device"`` runs it as tensor ops on the model's device (``device_loop``: with
     ``cuda_graphs`` each step, forward and bookkeeping, is one CUDA graph replay), the same tokens and
-    forwards.
+    forwards. ``steps_per_read`` (device loop): steps launched before the host reads their outcomes
+    (default 1). With k > 1 a block's last step is followed by up to k - 1 launched steps that change
+    nothing but still run their forward; the host waits once per k steps instead of once per step, which
+    pays where a forward is short next to that wait (small models).
 
     ``fuse_boundaries``: verify a block's first state in the pass that writes the prefix before it
     instead of a call of its own, one forward fewer per block boundary, the same tokens (P5). After the
@@ -340,6 +343,10 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
     _validate(prompt_ids, mode, max_new_tokens, threshold, draft_budget, stop_at_eos, compile_writes, all_logits,
               confidence_dtype)
     boundaries.check_fuse_boundaries(fuse_boundaries)
+    _check_int("steps_per_read", steps_per_read, 1)
+    if steps_per_read != 1 and loop != "device":
+        raise ValueError(f"steps_per_read: only loop='device' launches steps ahead, got {steps_per_read} with "
+                         f"loop={loop!r}")
     forward = verification_forward(model, mode, tau, specfold_options)
     if isinstance(cuda_graphs, VerifyGraphs):
         # the same module compiled otherwise (or eager) is another target
@@ -365,7 +372,7 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
         if loop == "device":
             return decode_on_device(model, prompt_ids, mode, max_new_tokens, float(threshold), draft_budget, graph,
                                     stop_at_eos, compile_writes, graphs, confidence_dtype, forward=forward,
-                                    fuse_boundaries=fuse_boundaries)
+                                    fuse_boundaries=fuse_boundaries, steps_per_read=steps_per_read)
         return _decode(model, prompt_ids, mode, max_new_tokens, float(threshold), draft_budget, graph,
                        stop_at_eos, compile_writes=compile_writes, all_logits=all_logits, graphs=graphs,
                        confidence_dtype=confidence_dtype, forward=forward, fuse_boundaries=fuse_boundaries)

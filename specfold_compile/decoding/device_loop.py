@@ -4,8 +4,12 @@ Per step: one verification forward of a fixed number of rows (1, or 1 + draft_bu
 copies of the main state) and ``device_step.decode_step``, which leaves the next call's rows, parents and
 a status word in one int64 buffer on the device (``StepBuffers``). What the host reads back:
 
-- per step, the status word (``device_step.STATUS_FIELDS`` and the call's parents: one copy of
-  5 + draft_budget int64), to know whether the block is finished and for ``GenerateResult.steps``;
+- per step, the status word (``device_step.STATUS_FIELDS`` and the call's parents: 5 + draft_budget
+  int64), to know whether the block is finished and for ``GenerateResult.steps``; with
+  ``steps_per_read=k`` the host launches k steps, then reads their k words in one copy. A step launched
+  after its block's last one changes nothing (``gated_step``) and reports 0 rows: it costs its forward's
+  device time, where reading every step costs the host's wait and relaunch, so k > 1 pays where a step
+  is short next to that wait (small models);
 - per block, the seed token (the prefill's or the last block write's next-token argmax, as the Python
   loop reads it) and, at the block's end, its B tokens (output, eos, the block write).
 
@@ -44,24 +48,27 @@ _STATUS = len(STATUS_FIELDS)
 class StepBuffers:
     """The loop's device state in one int64 buffer (one copy undoes a capture's warm-up run): the next
     call's ``rows`` [R, B] (row 0 the main state), ``parents`` [R], real rows ``n_rows`` [1], the block's
-    ``info`` [start, need] and the last step's ``status`` [len(STATUS_FIELDS) + R]."""
+    ``info`` [start, need], the last step's ``status`` [len(STATUS_FIELDS) + R], and ``outcomes``
+    [steps_per_read, len(STATUS_FIELDS) + R]: the status words of the steps launched since the host last
+    read, the next one written at ``cursor`` [1] (a step launched after its block's last writes zeros)."""
 
-    def __init__(self, rows: int, block: int, device: torch.device):
+    def __init__(self, rows: int, block: int, device: torch.device, steps_per_read: int = 1):
         self.rows_n, self.block = rows, block
-        sizes = (rows * block, rows, 1, 2, _STATUS + rows)
+        sizes = (rows * block, rows, 1, 2, _STATUS + rows, steps_per_read * (_STATUS + rows), 1)
         padded = [-(-size // 8) * 8 for size in sizes]  # each part 64-byte aligned, as a compiled graph wants
         self.flat = torch.zeros(sum(padded), dtype=torch.long, device=device)
         parts = [part[:size] for part, size in zip(self.flat.split(padded), sizes)]
         self.rows = parts[0].view(rows, block)
-        self.parents, self.n_rows, self.info, self.status = parts[1:]
+        self.parents, self.n_rows, self.info, self.status, outcomes, self.cursor = parts[1:]
+        self.outcomes = outcomes.view(steps_per_read, _STATUS + rows)
         self._layout = padded
 
     def load_block(self, state: torch.Tensor, start: int, need: int) -> None:
         """A block's first state [B] (a CPU tensor): every row that state, parents [-1, 0, ...], one real
-        row; one host-to-device copy."""
+        row, the status word cleared; one host-to-device copy."""
         r = self.rows_n
         host = torch.zeros(self.flat.shape, dtype=torch.long)
-        rows, parents, n_rows, info, _ = host.split(self._layout)
+        rows, parents, n_rows, info, *_ = host.split(self._layout)
         rows[:r * self.block] = state.repeat(r)
         parents[0] = -1
         n_rows[0] = 1
@@ -69,24 +76,42 @@ class StepBuffers:
         self.flat.copy_(host)
 
 
+def gated_step(conf: torch.Tensor, tok: torch.Tensor, rows: torch.Tensor, parents: torch.Tensor, n_rows: torch.Tensor,
+               info: torch.Tensor, kept_rows: torch.Tensor, kept_parents: torch.Tensor, kept_status: torch.Tensor,
+               rules: StepRules, tables: DraftTables | None) -> tuple[torch.Tensor, ...]:
+    """``step_from_confidences`` as the buffers' new values: rows [R, B], parents [R], real rows [1] and
+    status [len(STATUS_FIELDS) + R] (``kept_*``: the buffers' values before the step), and whether the step
+    ran (bool []): a step launched after its block's last one (``kept_status`` says finished) changes
+    nothing, so the host may launch several steps before it reads one."""
+    next_rows, next_parents, next_n, status = step_from_confidences(conf, tok, rows, parents, n_rows, info, rules,
+                                                                    tables)
+    ran = kept_status[0] == 0
+    word = torch.cat([status, kept_status[status.shape[0]:]])  # a smaller call keeps the tail
+    return (torch.where(ran, next_rows.expand_as(kept_rows), kept_rows),
+            torch.where(ran, next_parents.expand_as(kept_parents), kept_parents),
+            torch.where(ran, next_n.reshape(1), n_rows.reshape(1)), torch.where(ran, word, kept_status), ran)
+
+
 class DeviceDecoder:
     """Runs the steps of one kind of decode (``StepRules``, draft graph) on ``model``: eagerly, or as CUDA
     graph replays on the static cache of ``graphs`` (its ``replay="eager"`` runs the same bookkeeping
     with the model called again). ``for_graphs`` keeps one per ``VerifyGraphs`` and decode kind.
 
-    ``compile_step`` (None: on CUDA): the bookkeeping after the confidences
-    (``device_step.step_from_confidences``, a few hundred small ops) through ``torch.compile``, which
-    fuses them into a few dozen kernels; the confidences stay eager (the Python loop's function). A
-    compile that fails falls back to the eager ops, the reason kept in ``compile_error``."""
+    ``compile_step`` (None: on CUDA): the bookkeeping after the confidences (``gated_step``, a few
+    hundred small ops) through ``torch.compile``, which fuses them into a few dozen kernels; the
+    confidences stay eager (the Python loop's function). A compile that fails falls back to the eager
+    ops, the reason kept in ``compile_error``. ``steps_per_read``: steps ``steps`` launches before it
+    reads their status words (``decode_on_device``'s)."""
 
     def __init__(self, model, rules: StepRules, graph: DraftGraph | None, device: torch.device,
                  graphs: VerifyGraphs | None = None, compile_step: bool | None = None,
-                 trace=None):
+                 trace=None, steps_per_read: int = 1):
         self.model, self.rules, self.graphs, self.trace = model, rules, graphs, trace
         compile_step = device.type == "cuda" if compile_step is None else compile_step
-        self._compiled_step = CompiledStep(step_from_confidences, compile_step)
+        self._compiled_step = CompiledStep(gated_step, compile_step)
         self.tables = None if graph is None or rules.draft_budget == 0 else DraftTables.from_graph(graph, device)
-        self.buffers = StepBuffers(1 + rules.draft_budget, rules.block_size, device)
+        self.steps_per_read = steps_per_read
+        self.buffers = StepBuffers(1 + rules.draft_budget, rules.block_size, device, steps_per_read)
         # (rows, window) -> replay, on the static cache below; "first": first_step's bookkeeping
         self.captured: dict[tuple | str, object] = {}
         self.cache = None
@@ -95,13 +120,14 @@ class DeviceDecoder:
     @classmethod
     def for_graphs(cls, model, rules: StepRules, graph: DraftGraph | None, device: torch.device,
                    graphs: VerifyGraphs | None, compile_step: bool | None = None,
-                   trace=None) -> "DeviceDecoder":
+                   trace=None, steps_per_read: int = 1) -> "DeviceDecoder":
         if graphs is None:
-            return cls(model, rules, graph, device, compile_step=compile_step, trace=trace)
+            return cls(model, rules, graph, device, compile_step=compile_step, trace=trace,
+                       steps_per_read=steps_per_read)
         kept = graphs.device_decoders
-        key = (rules, graph, device, compile_step, id(trace))
+        key = (rules, graph, device, compile_step, id(trace), steps_per_read)
         if key not in kept:
-            kept[key] = cls(model, rules, graph, device, graphs, compile_step, trace)
+            kept[key] = cls(model, rules, graph, device, graphs, compile_step, trace, steps_per_read)
         return kept[key]
 
     @property
@@ -157,24 +183,30 @@ class DeviceDecoder:
         rows, parents = buf.rows[:n], buf.parents[:n]
         rules = self.rules
         conf, tok = confidence(logits, rules.mask_id, rules.confidence_dtype, rules.argmax_of_probs)
-        next_rows, next_parents, next_n, status = self._bookkeeping(conf, tok, rows, parents, buf.n_rows[0], buf.info,
-                                                                    rules, self.tables)
-        buf.rows.copy_(next_rows.expand_as(buf.rows) if next_rows.shape[0] == 1 else next_rows)
-        buf.parents.copy_(next_parents.expand_as(buf.parents) if next_parents.shape[0] == 1 else next_parents)
-        buf.n_rows.copy_(next_n.reshape(1))
-        buf.status[:status.shape[0]].copy_(status)
+        *new, ran = self._bookkeeping(conf, tok, rows, parents, buf.n_rows[0], buf.info, buf.rows, buf.parents,
+                                      buf.status, rules, self.tables)
+        for kept, value in zip((buf.rows, buf.parents, buf.n_rows, buf.status), new):
+            kept.copy_(value)
         if self.trace is not None:
-            self.trace.after(buf)
+            self.trace.after(buf, ran)
+        at = buf.cursor.clamp(max=self.steps_per_read - 1)
+        buf.outcomes.index_copy_(0, at, torch.where(ran, buf.status, 0)[None])
+        buf.cursor.add_(1)
         return buf.status
 
-    def step(self, n: int, cache) -> list[int]:
-        """One step of ``n`` rows (1 or 1 + draft_budget) on ``cache``; returns the status word (the
-        step's one read back to the host): ``STATUS_FIELDS`` then the call's ``n`` parents."""
-        if self.graphs is None:
-            status = self._run(n, cache)
-        else:
-            status = self._replay(n, cache)
-        return status[:_STATUS + n].tolist()
+    def steps(self, n: int, cache) -> list[list[int]]:
+        """``steps_per_read`` steps on ``cache``, the first of ``n`` rows (1 or 1 + draft_budget), the
+        others of 1 + draft_budget, launched one after the other; then their status words, read back to
+        the host at once: ``STATUS_FIELDS`` then the call's parents, a word of zeros (0 rows) for a step
+        launched after its block's last one."""
+        self.buffers.cursor.zero_()
+        for j in range(self.steps_per_read):
+            m = n if j == 0 else self.buffers.rows_n
+            if self.graphs is None:
+                self._run(m, cache)
+            else:
+                self._replay(m, cache)
+        return [word[:_STATUS + word[3]] for word in self.buffers.outcomes.tolist()]
 
     def _replay(self, n: int, cache) -> torch.Tensor:
         graphs = self.graphs
@@ -203,13 +235,15 @@ class DeviceDecoder:
 def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_budget, graph, stop_at_eos,
                      compile_writes=False, graphs: VerifyGraphs | None = None,
                      confidence_dtype: str = "model", compile_step: bool | None = None,
-                     forward=None, trace=None, fuse_boundaries: bool | str = False) -> GenerateResult:
+                     forward=None, trace=None, fuse_boundaries: bool | str = False,
+                     steps_per_read: int = 1) -> GenerateResult:
     """``decoder._decode``'s loop with ``DeviceDecoder`` steps (arguments validated by ``generate``;
     ``compile_step``: ``DeviceDecoder``'s; ``forward``: the verification call, None: ``model`` itself).
     ``trace``: a ``step_forcing.StepRecorder`` (records every step's outcome and every seed) or
     ``StepForcing`` (replays a record), for trace-driven benchmarks. ``fuse_boundaries``: as in
     ``generate``; the guess of a seed is the last step's status word's ``seed_guess``, and a fused
-    block's first step runs only its bookkeeping (``DeviceDecoder.first_step``)."""
+    block's first step runs only its bookkeeping (``DeviceDecoder.first_step``). ``steps_per_read``: as in
+    ``generate``."""
     B, sb, mask_id, eos_id = model_consts(model)
     fam = model.config.decoding_rules
     layout = layout_prompt(prompt_ids, B, fam.prompt_on_block_grid)
@@ -220,7 +254,7 @@ def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_b
                       fam.argmax_of_probs, draft_budget if spiffy else 0)
     device = prompt_ids.device
     decoder = DeviceDecoder.for_graphs(model if forward is None else forward, rules, graph if spiffy else None, device,
-                                       graphs, compile_step, trace)
+                                       graphs, compile_step, trace, steps_per_read)
     captures0, replays0 = decoder.captures, decoder.replays
     writes = {"compiled": True} if compile_writes else {}
     guessing = bool(fuse_boundaries) and bool(model.config.shift_logits)
@@ -246,22 +280,24 @@ def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_b
         guess = None
         if not block_finished(x, mask_id, need, eos, start):
             decoder.buffers.load_block(x, start, need)
-            n = 1
-            while True:
+            n, done = 1, False
+            while not done:
                 fused = verified is not None
                 if fused:
-                    status = decoder.first_step(verified[1])
+                    words = [decoder.first_step(verified[1])]
                     verified = None
                 else:
-                    status = decoder.step(n, cache)
-                    nfe += 1
-                done, accepted, stalled, rows, guess = status[:_STATUS]
-                steps.append(StepStats(branches=rows, accepted=accepted, parents=status[_STATUS:_STATUS + rows],
-                                       fused=fused))
-                if stalled:
-                    raise RuntimeError("decoding made no progress (non-finite logits?)")
-                if done:
-                    break
+                    words = decoder.steps(n, cache)
+                for word in words:
+                    done, accepted, stalled, rows, guess = word[:_STATUS]
+                    if rows == 0:  # launched after the block's last step: it changed nothing
+                        break
+                    nfe += not fused
+                    steps.append(StepStats(branches=rows, accepted=accepted, parents=word[_STATUS:], fused=fused))
+                    if stalled:
+                        raise RuntimeError("decoding made no progress (non-finite logits?)")
+                    if done:
+                        break
                 n = 1 + rules.draft_budget
             x = decoder.buffers.rows[0].cpu()  # the block's tokens, read at its end
         blk = x[start:start + need].tolist()

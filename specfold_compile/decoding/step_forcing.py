@@ -64,7 +64,9 @@ class StepRecorder:
     def before(self) -> None:
         pass
 
-    def after(self, buffers) -> None:
+    def after(self, buffers, ran: Tensor) -> None:
+        if not bool(ran):  # a step launched after its block's last: nothing to record (a read, as snapshots)
+            return
         step = snapshot(buffers)
         if self.masks:  # this step's forward: one [N, B] mask per gate
             by_gate = torch.stack([m.cpu() for _, m in self.masks])
@@ -135,11 +137,11 @@ class StepForcing:
         if self.masks is not None:
             self.fold_masks.copy_(self.masks.index_select(0, self.index.clamp(max=self.steps - 1))[0])
 
-    def after(self, buffers) -> None:
-        """Inside a step, after its bookkeeping: the recorded outcome, and on to the next step."""
+    def after(self, buffers, ran: Tensor) -> None:
+        """Inside a step, after its bookkeeping: the recorded outcome, and on to the next step; a step
+        that did not run (``ran``, bool [], false: launched after its block's last) forces nothing."""
         i = self.index.clamp(max=self.steps - 1)  # a replay that overruns its record repeats the last step
-        buffers.rows.copy_(self.rows.index_select(0, i)[0])
-        buffers.parents.copy_(self.parents.index_select(0, i)[0])
-        buffers.n_rows.copy_(self.n_rows.index_select(0, i))
-        buffers.status.copy_(self.status.index_select(0, i)[0])
-        self.index.add_(1)
+        for kept, recorded in ((buffers.rows, self.rows), (buffers.parents, self.parents),
+                               (buffers.n_rows, self.n_rows[:, None]), (buffers.status, self.status)):
+            kept.copy_(torch.where(ran, recorded.index_select(0, i)[0], kept))
+        self.index.add_(ran.long())

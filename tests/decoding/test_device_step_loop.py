@@ -17,9 +17,9 @@ def calls(result):
     return [(s.branches, s.accepted, list(s.parents)) for s in result.steps]
 
 
-def assert_same_decode(model, prompt, **kwargs):
+def assert_same_decode(model, prompt, steps_per_read=1, **kwargs):
     host = generate(model, prompt, **kwargs)
-    device = generate(model, prompt, loop="device", **kwargs)
+    device = generate(model, prompt, loop="device", steps_per_read=steps_per_read, **kwargs)
     assert device.tokens == host.tokens
     assert device.nfe == host.nfe and device.blocks == host.blocks
     assert calls(device) == calls(host)
@@ -30,15 +30,16 @@ def assert_same_decode(model, prompt, **kwargs):
 @given(seed=st.integers(0, 10**6), cfg=st.sampled_from([(8, None, 16), (8, 4, 16), (16, 8, 32)]),
        threshold=st.sampled_from([0.3, 0.9, 1.0]), budget=st.integers(0, 6),
        p=st.lists(st.integers(0, 13), min_size=1, max_size=20), max_new=st.integers(1, 30),
-       stop=st.booleans(), grid=st.booleans(), data=st.data())
-def test_fake_models_decode_the_same(seed, cfg, threshold, budget, p, max_new, stop, grid, data):
+       stop=st.booleans(), grid=st.booleans(), steps_per_read=st.sampled_from([1, 1, 2, 3]), data=st.data())
+def test_fake_models_decode_the_same(seed, cfg, threshold, budget, p, max_new, stop, grid, steps_per_read, data):
+    """(``steps_per_read`` > 1: steps launched ahead, read back together.)"""
     block, sub, vocab = cfg
     model = FakeModel(block_size=block, sub_block_size=sub, vocab_size=vocab, seed=seed, grid=grid)
     graph = data.draw(draft_graphs(block))
     prompt = torch.tensor(p, dtype=torch.long)
     for mode in ("vanilla", "spiffy"):
-        assert_same_decode(model, prompt, mode=mode, max_new_tokens=max_new, threshold=threshold, draft_budget=budget,
-                           draft_graph=graph, stop_at_eos=stop, confidence_dtype="float32")
+        assert_same_decode(model, prompt, steps_per_read, mode=mode, max_new_tokens=max_new, threshold=threshold,
+                           draft_budget=budget, draft_graph=graph, stop_at_eos=stop, confidence_dtype="float32")
 
 
 def test_spiffy_on_the_device_accepts_drafts():
@@ -52,6 +53,33 @@ def test_spiffy_on_the_device_accepts_drafts():
         saved += vanilla.nfe - spiffy.nfe
         accepted += sum(s.accepted for s in spiffy.steps)
     assert saved > 0 and accepted > 0
+
+
+def test_steps_launched_ahead_are_read_together_and_change_nothing(monkeypatch):
+    """``steps_per_read=3``: the host reads once per three launched steps; the steps launched after a
+    block's last one ran (more forwards than calls) and changed nothing (the Python loop's decode)."""
+    from specfold_compile.decoding.device_loop import DeviceDecoder
+
+    reads, runs = [], []
+    steps, run = DeviceDecoder.steps, DeviceDecoder._run
+    monkeypatch.setattr(DeviceDecoder, "steps", lambda self, n, cache: reads.append(n) or steps(self, n, cache))
+    monkeypatch.setattr(DeviceDecoder, "_run", lambda self, n, cache: runs.append(n) or run(self, n, cache))
+    model = FakeModel(block_size=8, sub_block_size=4, seed=1)
+    _, device = assert_same_decode(model, torch.tensor([2, 3, 1]), 3, mode="spiffy", max_new_tokens=40,
+                                   draft_budget=6)
+    assert len(runs) == 3 * len(reads) > len(device.steps) > len(reads)
+    assert [n for i, n in enumerate(runs) if i % 3] == [7] * (2 * len(reads))  # ahead: the full call
+
+
+def test_steps_per_read_is_checked():
+    model = FakeModel(block_size=8, sub_block_size=4)
+    prompt = torch.tensor([2, 3])
+    with pytest.raises(ValueError, match="steps_per_read"):
+        generate(model, prompt, loop="device", steps_per_read=0)
+    with pytest.raises(ValueError, match="steps_per_read: only loop='device'"):
+        generate(model, prompt, steps_per_read=2)
+    with pytest.raises(TypeError, match="steps_per_read"):
+        generate(model, prompt, loop="device", steps_per_read=2.0)
 
 
 @pytest.mark.parametrize("mode", ["vanilla", "spiffy"])
@@ -69,6 +97,9 @@ def test_tiny_families_decode_the_same(model, mode):
         assert replayed.graph_captures + replayed.graph_replays == len(host.steps)
         if i:  # the second prompt replays the first one's step graphs
             assert replayed.graph_replays > 0
+        ahead = generate(model, prompt, loop="device", cuda_graphs=graphs, steps_per_read=3, **kwargs)
+        assert (ahead.tokens, ahead.nfe, calls(ahead)) == (host.tokens, host.nfe, calls(host))
+        assert ahead.graph_captures + ahead.graph_replays >= len(host.steps)  # and those launched past a block's end
 
 
 @pytest.fixture(scope="module")

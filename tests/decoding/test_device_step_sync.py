@@ -75,11 +75,12 @@ class StepGuard:
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def _decode(model, prompt, mode, trace=None):
+def _decode(model, prompt, mode, trace=None, steps_per_read=1):
     B = model.config.block_size
     graph = load_draft_graph(default_draft_graph(B), B)
     return decode_on_device(model, prompt, mode, 24, 0.3, 6 if mode == "spiffy" else 0,
-                            graph if mode == "spiffy" else None, True, trace=trace, compile_step=False)
+                            graph if mode == "spiffy" else None, True, trace=trace, compile_step=False,
+                            steps_per_read=steps_per_read)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -98,6 +99,9 @@ def test_a_step_reads_nothing_back(monkeypatch, device, family, mode):
     # a forced replay's steps (the trace's before/after inside each step) read nothing either
     forced = _decode(model, prompt, mode, trace=StepForcing(record.steps, record.seeds, torch.device(device)))
     assert forced.tokens == plain.tokens and len(guard.checked) == 2 * plain.num_calls
+    # steps launched ahead (a step after its block's last one gated on the device) read nothing either
+    ahead = _decode(model, prompt, mode, steps_per_read=3)
+    assert ahead.tokens == plain.tokens and len(guard.checked) >= 3 * plain.num_calls
 
 
 def test_the_guard_catches_a_host_read(monkeypatch):

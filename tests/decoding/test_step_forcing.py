@@ -23,11 +23,11 @@ def calls(result):
     return [(s.branches, s.accepted, list(s.parents)) for s in result.steps]
 
 
-def decode(model, prompt, threshold, mode="spiffy", forward=None, trace=None, max_new=40):
+def decode(model, prompt, threshold, mode="spiffy", forward=None, trace=None, max_new=40, steps_per_read=1):
     graph = load_draft_graph(default_draft_graph(model.config.block_size), model.config.block_size)
     return decode_on_device(model, prompt, mode, max_new, threshold, 6 if mode != "vanilla" else 0,
                             graph if mode != "vanilla" else None, True, forward=forward, trace=trace,
-                            compile_step=False)
+                            compile_step=False, steps_per_read=steps_per_read)
 
 
 class Logged:
@@ -48,19 +48,22 @@ def models():
 
 @settings(max_examples=12, **HSET)
 @given(p=st.lists(st.integers(2, 120), min_size=1, max_size=20), threshold=st.sampled_from([0.05, 0.3]),
-       mode=st.sampled_from(["vanilla", "spiffy"]))
-def test_forced_decode_makes_the_recorded_calls(models, p, threshold, mode):
+       mode=st.sampled_from(["vanilla", "spiffy"]), steps_per_read=st.sampled_from([1, 3]))
+def test_forced_decode_makes_the_recorded_calls(models, p, threshold, mode, steps_per_read):
+    """(``steps_per_read=3``: the record and the forced replay launch steps ahead; a step launched after
+    its block's last one neither records nor forces a step.)"""
     recorder, other = models
     prompt = torch.tensor(p, dtype=torch.long)
     record, seen_by_recorder = StepRecorder(), Logged(recorder)
-    rec = decode(recorder, prompt, threshold, mode, forward=seen_by_recorder, trace=record)
+    rec = decode(recorder, prompt, threshold, mode, forward=seen_by_recorder, trace=record,
+                 steps_per_read=steps_per_read)
     assert len(record.steps) == rec.num_calls
     # another model at another threshold decides otherwise on its own ...
     own = decode(other, prompt, 0.9, mode)
     # ... and, forced, makes the recorded calls and commits the recorded tokens
     forcing = StepForcing(record.steps, record.seeds, torch.device("cpu"))
     seen = Logged(other)
-    forced = decode(other, prompt, 0.9, mode, forward=seen, trace=forcing)
+    forced = decode(other, prompt, 0.9, mode, forward=seen, trace=forcing, steps_per_read=steps_per_read)
     assert (forced.tokens, forced.nfe, calls(forced)) == (rec.tokens, rec.nfe, calls(rec))
     assert len(seen.inputs) == len(seen_by_recorder.inputs)
     for (rows, parents), (rec_rows, rec_parents) in zip(seen.inputs, seen_by_recorder.inputs):
