@@ -10,6 +10,8 @@ Decodes task-suite prompts (``specfold_compile.tasks``, test split) with ``gener
     spiffy_compiled_device                            the same, device loop
     specfold         mode="spiffy",  loop="host",   the model compiled with the SpecFold backend (--tau)
     specfold_device  mode="spiffy",  loop="device", the same compiled model
+    NAME_readK       a device-loop mode launching K steps before each read (``steps_per_read=K``; K in
+                     2, 4, 8; asked for by name only)
 
 On CUDA every mode runs with CUDA graphs (``cuda_graphs``: one ``VerifyGraphs`` per mode, kept across
 prompts, so captures and compiles happen in the warm-up pass, reported apart as ``warmup_s``); on the
@@ -60,6 +62,14 @@ MODES = {  # name -> (generate's mode, loop, compiled with: None (eager), "induc
 CPU_MODES = ("vanilla", "vanilla_device", "spiffy", "spiffy_device")
 HOST_TWIN = {"vanilla_device": "vanilla", "spiffy_device": "spiffy", "spiffy_compiled_device": "spiffy_compiled",
              "specfold_device": "specfold"}
+# on request only: a device-loop mode launching K steps before each read (generate's steps_per_read)
+AHEAD = {f"{name}_read{k}": spec for name, spec in MODES.items() if spec[1] == "device" for k in (2, 4, 8)}
+HOST_TWIN.update({name: HOST_TWIN[name.rsplit("_read", 1)[0]] for name in AHEAD})
+SPECS = {**MODES, **AHEAD}
+
+
+def steps_per_read(mode: str) -> int:
+    return int(mode.rsplit("_read", 1)[1]) if mode in AHEAD else 1
 
 
 class _Clock:
@@ -188,7 +198,7 @@ def _targets(model, modes, device: str, tau: float) -> dict:
     compiled: dict[str, object] = {}
     out = {}
     for name in modes:
-        backend = MODES[name][2]
+        backend = SPECS[name][2]
         if backend is None:
             out[name] = model
             continue
@@ -223,8 +233,9 @@ def run(args) -> list[dict]:
     rows = []
     for task in args.tasks:
         prompts = [encode(model, p.prompt).to(args.device) for p in sample(task, "test", args.limit, 0)]
-        kwargs = {m: dict(mode=MODES[m][0], loop=MODES[m][1], max_new_tokens=args.max_new_tokens,
-                          draft_budget=args.draft_budget, draft_graph=graph) for m in modes}
+        kwargs = {m: dict(mode=SPECS[m][0], loop=SPECS[m][1], max_new_tokens=args.max_new_tokens,
+                          draft_budget=args.draft_budget, draft_graph=graph,
+                          **({"steps_per_read": steps_per_read(m)} if m in AHEAD else {})) for m in modes}
         warm_s = {}
         for m in modes:  # warm-up: compiles, captures and autotuning happen here
             t0 = time.perf_counter()
@@ -263,7 +274,8 @@ def _row(name, task, mode, runs, warm_s, cuda) -> dict:
     return {"model": name, "task": task, "mode": mode, "tokens_per_s": tokens / wall,
             "nfe": statistics.mean(r["nfe"] for r in per_prompt), "step_ms": per_step("step_ms"),
             "host_ms": per_step("host_ms"), "ttft_ms": statistics.mean(r["ttft_ms"] for r in per_prompt),
-            "trace_driven": False, "cuda_graphs": cuda, "loop": MODES[mode][1], "prompts": len(per_prompt),
+            "trace_driven": False, "cuda_graphs": cuda, "loop": SPECS[mode][1], "steps_per_read": steps_per_read(mode),
+            "prompts": len(per_prompt),
             "tokens": tokens, "steps": steps, "warmup_s": warm_s,
             "tokens_match": None if lossless is None else first(mode, "tokens") == first(lossless, "tokens"),
             "host_twin": twin if twin in runs else None,
@@ -279,7 +291,8 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=20, help="test-split prompts per task")
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--modes", default=None, help=f"comma-separated among {', '.join(MODES)} (default: all on "
-                                                  f"CUDA, {', '.join(CPU_MODES)} on the CPU)")
+                                                  f"CUDA, {', '.join(CPU_MODES)} on the CPU), and a device-loop "
+                                                  "mode's NAME_readK (K in 2, 4, 8: K steps launched a read)")
     ap.add_argument("--repeats", type=int, default=None, help="timed passes, each prompt's median kept (default: 3 "
                                                               "on CUDA, 1 on the CPU)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
@@ -290,9 +303,9 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device here (--device cpu runs the same on the CPU)")
     args.modes = tuple(args.modes.split(",")) if args.modes else (tuple(MODES) if args.device == "cuda" else CPU_MODES)
-    unknown = sorted(set(args.modes) - set(MODES))
+    unknown = sorted(set(args.modes) - set(SPECS))
     if unknown:
-        ap.error(f"--modes: expected names among {list(MODES)}, got {unknown}")
+        ap.error(f"--modes: expected names among {list(MODES)} or a device mode's NAME_readK, got {unknown}")
     args.tasks = tuple(args.tasks.split(","))
     if args.repeats is None:
         args.repeats = 3 if args.device == "cuda" else 1

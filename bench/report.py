@@ -332,6 +332,18 @@ SECTIONS = [
             "included), NFE and TTFT (until the first block is committed) their means, step (a verification "
             "step's wall time) and host (the part of it not covered by device work) means over all steps.",
             render_end_to_end),
+    Section("Steps launched ahead", "h100/steps_per_read.json",
+            "python -m bench.end_to_end --device cuda --limit 6 --repeats 2 --tasks math,instruct --modes "
+            "spiffy_compiled,specfold,spiffy_compiled_device,spiffy_compiled_device_read4,specfold_device,"
+            "specfold_device_read2,specfold_device_read4",
+            "`generate(..., loop=\"device\", steps_per_read=K)` (modes `*_readK`) launches K steps before the "
+            "host reads their outcomes; a step launched after its block's last one changes nothing but runs its "
+            "forward. The shipped model, CUDA graphs on, 6 test problems a task, 2 timed passes (median), draft "
+            "budget 16, tau 0.1, columns as above. Reading once every 2 or 4 steps leaves the host's time a step "
+            "where it was, so the read after each step costs little, and the forwards launched past a block's "
+            "end cost tokens/s: keep the default of 1. The host time left is highest on math, the task with the "
+            "fewest steps a decode, so it is spent once a decode or a block rather than once a step.",
+            render_end_to_end),
     Section("Accuracy next to speed on the shipped model", "eval/eval.json",
             "specfold eval --tasks math,code,instruct --modes vanilla,spiffy,specfold --tau 0.1 --limit 100 "
             "--out bench/results/eval/eval.json",

@@ -29,3 +29,15 @@ def test_end_to_end_on_the_cpu(tmp_path, capsys):
 def test_end_to_end_arguments():
     with pytest.raises(SystemExit):
         end_to_end.main(["--device", "cpu", "--modes", "turbo"])
+
+
+def test_end_to_end_steps_launched_ahead(tmp_path):
+    """A device mode's ``_readK``: ``generate(steps_per_read=K)``, the same tokens and forwards as its
+    Python-loop twin."""
+    out = tmp_path / "ahead.json"
+    assert end_to_end.main(["--device", "cpu", "--limit", "1", "--tasks", "code", "--modes",
+                            "spiffy,spiffy_device_read4", "--out", str(out)]) == 0
+    rows = {r["mode"]: r for r in json.loads(out.read_text())["rows"]}
+    ahead = rows["spiffy_device_read4"]
+    assert ahead["steps_per_read"] == 4 and rows["spiffy"]["steps_per_read"] == 1
+    assert ahead["host_twin"] == "spiffy" and ahead["same_as_host_twin"] is True
