@@ -24,7 +24,9 @@ timed passes, modes interleaved prompt by prompt). ``nfe``: forwards per prompt.
 per verification step, the prefill and block writes taken out (each timed with its GPU work).
 ``host_ms``: the part of a step that is not the step's own device work (CUDA: the forward's graph, and
 in the device loop its bookkeeping, timed with CUDA events; CPU: the forward, timed on the host), i.e.
-the host's time on the critical path. ``ttft_ms``: from the call to the first block's tokens.
+the host's time on the critical path. ``outside_steps_ms`` (device loop): a decode's wall time outside
+its prefill, block writes and steps (each step's launch, wait and read), per decode: the setup, the
+seeds, the buffers' loads and the blocks' reads, which ``host_ms`` spreads over the steps. ``ttft_ms``: from the call to the first block's tokens.
 ``trace_driven``: False, every number is measured decoding (no replayed trace). ``tokens_match``: the
 mode's tokens equal vanilla's, prompt for prompt (lossless); ``same_as_host_twin``: a device-loop mode's
 tokens and forwards equal those of the same decoding in the Python loop.
@@ -82,7 +84,7 @@ class _Clock:
         self.reset()
 
     def reset(self):
-        self.writes_s, self.first_write, self.events, self.forward_s = 0.0, None, [], 0.0
+        self.writes_s, self.first_write, self.events, self.forward_s, self.steps_s = 0.0, None, [], 0.0, 0.0
 
     def sync(self):
         if self.cuda:
@@ -151,6 +153,29 @@ def _timed_graphs(graphs, clock: _Clock):
         del graphs.write_block
 
 
+@contextlib.contextmanager
+def _timed_steps(clock: _Clock):
+    """The device loop's steps (``DeviceDecoder.steps`` and ``first_step``: launch, wait, read) timed on
+    the host into ``clock.steps_s``; restored afterwards."""
+    from specfold_compile.decoding.device_loop import DeviceDecoder
+
+    saved = DeviceDecoder.steps, DeviceDecoder.first_step
+
+    def timed(fn):
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                clock.steps_s += time.perf_counter() - t0
+        return run
+    DeviceDecoder.steps, DeviceDecoder.first_step = map(timed, saved)
+    try:
+        yield
+    finally:
+        DeviceDecoder.steps, DeviceDecoder.first_step = saved
+
+
 def _timed_run(target, prompt, clock: _Clock, graphs, kwargs, decode=None) -> dict:
     """One timed decode: ``generate``, or ``decode`` (called as ``generate`` is)."""
     from specfold_compile.decoding import generate
@@ -171,7 +196,7 @@ def _timed_run(target, prompt, clock: _Clock, graphs, kwargs, decode=None) -> di
         target.prefill = timed_prefill
     ctx = _timed_graphs(graphs, clock) if graphs is not None else contextlib.nullcontext()
     try:
-        with ctx:
+        with ctx, _timed_steps(clock):
             t0 = time.perf_counter()
             res = (decode or generate)(model, prompt, cuda_graphs=graphs if graphs is not None else False, **kwargs)
             clock.sync()
@@ -189,7 +214,8 @@ def _timed_run(target, prompt, clock: _Clock, graphs, kwargs, decode=None) -> di
     first = clock.first_write if clock.first_write is not None else t0 + wall
     return {"tokens": res.tokens, "nfe": res.nfe, "steps": res.num_calls, "wall_s": wall,
             "calls": [(s.branches, s.accepted, list(s.parents)) for s in res.steps],
-            "step_ms": 1e3 * step_s, "host_ms": 1e3 * (step_s - device_s / steps), "ttft_ms": 1e3 * (first - t0)}
+            "step_ms": 1e3 * step_s, "host_ms": 1e3 * (step_s - device_s / steps), "ttft_ms": 1e3 * (first - t0),
+            "outside_steps_ms": 1e3 * (wall - prefill_s - writes_s - clock.steps_s) if clock.steps_s else None}
 
 
 def _targets(model, modes, device: str, tau: float) -> dict:
@@ -269,11 +295,13 @@ def _row(name, task, mode, runs, warm_s, cuda) -> dict:
     def per_step(key):
         return sum(r[key] * r["steps"] for r in per_prompt) / max(steps, 1)
 
+    outside = [r["outside_steps_ms"] for r in per_prompt]  # None: the Python loop's decodes
     twin = HOST_TWIN.get(mode)
     lossless = "vanilla" if "vanilla" in runs else twin
     return {"model": name, "task": task, "mode": mode, "tokens_per_s": tokens / wall,
             "nfe": statistics.mean(r["nfe"] for r in per_prompt), "step_ms": per_step("step_ms"),
             "host_ms": per_step("host_ms"), "ttft_ms": statistics.mean(r["ttft_ms"] for r in per_prompt),
+            "outside_steps_ms": None if None in outside else statistics.mean(outside),
             "trace_driven": False, "cuda_graphs": cuda, "loop": SPECS[mode][1], "steps_per_read": steps_per_read(mode),
             "prompts": len(per_prompt),
             "tokens": tokens, "steps": steps, "warmup_s": warm_s,

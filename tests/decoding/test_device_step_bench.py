@@ -22,6 +22,8 @@ def test_end_to_end_on_the_cpu(tmp_path, capsys):
         assert r["tokens_match"] is True
     for mode in ("vanilla_device", "spiffy_device"):
         assert rows[mode]["same_as_host_twin"] is True
+        assert 0 < rows[mode]["outside_steps_ms"] < rows[mode]["ttft_ms"] * rows[mode]["nfe"]
+    assert rows["vanilla"]["outside_steps_ms"] is None  # the Python loop's steps are not split out
     assert rows["spiffy"]["nfe"] == rows["spiffy_device"]["nfe"] <= rows["vanilla"]["nfe"]
     assert "wrote" in capsys.readouterr().out
 
