@@ -43,6 +43,7 @@ from .result import GenerateResult, StepStats, model_consts
 __all__ = ["StepBuffers", "DeviceDecoder", "decode_on_device"]
 
 _STATUS = len(STATUS_FIELDS)
+_ROWS = STATUS_FIELDS.index("rows")
 
 
 class StepBuffers:
@@ -178,7 +179,7 @@ class DeviceDecoder:
 
     def _settle(self, logits: torch.Tensor, n: int) -> torch.Tensor:
         """A call's bookkeeping on its logits [n, B, V]: the next call's rows, parents and the status in
-        the buffers."""
+        the buffers, the status word also in ``outcomes`` (zeros for a step that did not run)."""
         buf = self.buffers
         rows, parents = buf.rows[:n], buf.parents[:n]
         rules = self.rules
@@ -206,7 +207,7 @@ class DeviceDecoder:
                 self._run(m, cache)
             else:
                 self._replay(m, cache)
-        return [word[:_STATUS + word[3]] for word in self.buffers.outcomes.tolist()]
+        return [word[:_STATUS + word[_ROWS]] for word in self.buffers.outcomes.tolist()]
 
     def _replay(self, n: int, cache) -> torch.Tensor:
         graphs = self.graphs
