@@ -324,8 +324,9 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
     ``cuda_graphs`` each step, forward and bookkeeping, is one CUDA graph replay), the same tokens and
     forwards. ``steps_per_read`` (device loop): steps launched before the host reads their outcomes
     (default 1). With k > 1 a block's last step is followed by up to k - 1 launched steps that change
-    nothing but still run their forward; the host waits once per k steps instead of once per step, which
-    pays where a forward is short next to that wait (small models).
+    nothing but still run their forward, and the host waits once per k steps instead of once per step.
+    Measured on the shipped model (docs/benchmarks.md, "Steps launched ahead") that wait was small and
+    k = 2 or 4 was slower: keep 1 unless such steps can be skipped on the device.
 
     ``fuse_boundaries``: verify a block's first state in the pass that writes the prefix before it
     instead of a call of its own, one forward fewer per block boundary, the same tokens (P5). After the

@@ -7,9 +7,8 @@ a status word in one int64 buffer on the device (``StepBuffers``). What the host
 - per step, the status word (``device_step.STATUS_FIELDS`` and the call's parents: 5 + draft_budget
   int64), to know whether the block is finished and for ``GenerateResult.steps``; with
   ``steps_per_read=k`` the host launches k steps, then reads their k words in one copy. A step launched
-  after its block's last one changes nothing (``gated_step``) and reports 0 rows: it costs its forward's
-  device time, where reading every step costs the host's wait and relaunch, so k > 1 pays where a step
-  is short next to that wait (small models);
+  after its block's last one changes nothing (``gated_step``) and reports 0 rows, but costs its forward's
+  device time, which on the shipped model outweighed the waits saved (docs/benchmarks.md);
 - per block, the seed token (the prefill's or the last block write's next-token argmax, as the Python
   loop reads it) and, at the block's end, its B tokens (output, eos, the block write).
 
