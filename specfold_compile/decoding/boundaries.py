@@ -49,15 +49,26 @@ def seed_guess(model, steps_done: bool, guess: int, mask_id: int, need: int, eos
     return None if block_finished(X, mask_id, need, eos, 0) else X
 
 
-def prefill(model, layout, writes: dict, fuse: bool, B: int, mask_id: int, device) -> tuple[object, Verified]:
+def prefill(model, layout, writes: dict, fuse: bool, B: int, mask_id: int, device, graphs=None,
+            needed: int = 0) -> tuple[object, Verified]:
     """The prompt's prefill; with ``fuse``, a first block that holds the prompt's tail (its first state
-    needs no seed) is verified in the same pass."""
-    kwargs = dict(writes, block_causal=True) if layout.block_causal else writes
+    needs no seed) is verified in the same pass. With ``graphs`` (a ``VerifyGraphs``) the cache is its
+    static cache, with room for ``needed`` keys: the prefill replayed into it (``capture_prefill``), or
+    launched and copied in (``attach``)."""
+    first = None
     if fuse and layout.head and layout.prefill_ids.numel():
         first = first_state(layout.head, None, B, mask_id)
-        cache = model.prefill(layout.prefill_ids, **kwargs, next_block=first.to(device))
-        return cache, (first, cache.next_block_logits)
-    return model.prefill(layout.prefill_ids, **kwargs), None
+    if graphs is not None and graphs.capture_prefill:
+        cache = graphs.prefill(layout.prefill_ids, needed, layout.block_causal, bool(writes.get("compiled")),
+                               None if first is None else first.to(device))
+    else:
+        kwargs = dict(writes, block_causal=True) if layout.block_causal else writes
+        cache = model.prefill(layout.prefill_ids, **kwargs, **({} if first is None else {"next_block": first.to(device)}))
+        if graphs is not None:
+            block_logits = cache.next_block_logits
+            cache = graphs.attach(cache, needed)
+            cache.next_block_logits = block_logits
+    return cache, None if first is None else (first, cache.next_block_logits)
 
 
 def write(model, cache, block: torch.Tensor, graphs, compile_writes: bool, next_block: torch.Tensor | None,

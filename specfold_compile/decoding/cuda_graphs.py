@@ -20,6 +20,11 @@ a write is ``model.append_block_static``, which writes the block's K/V into the 
 length and attends over the whole buffers with the keys past the block masked, so its shapes do not
 depend on the prefix length either.
 
+The prompt's prefill replays too (``VerifyGraphs.prefill``, one graph per padded row count): on the
+static cache it is ``model.prefill_static``, which writes the prompt's K/V into the buffers from key 0,
+the prompt padded after its rows to a bucket and its length on the device, so neither the prompt's
+length nor a launched pass of its own (host-bound like a launched call) reaches the loop.
+
 Attention windows: a call does not read the whole capacity but a window of it, views of the buffers'
 first W keys (same addresses), W the smallest of ``windows``, 2 x ``windows``, 4 x ... (at most the
 capacity) that holds the keys the call reads. A cache allocated for a long generation then pays
@@ -40,7 +45,8 @@ from torch import Tensor
 from ..models.protocol import StaticCacheModel, VerifyForward
 from .dynamic import mark_dynamic_keys, mark_dynamic_shapes
 
-__all__ = ["VerifyGraphs", "capture_call", "record_call", "logit_rows_bucket", "MIN_LOGIT_ROWS", "CAPACITY_STEP", "REPLAYS"]
+__all__ = ["VerifyGraphs", "capture_call", "record_call", "logit_rows_bucket", "prefill_rows_bucket", "MIN_LOGIT_ROWS",
+           "CAPACITY_STEP", "REPLAYS"]
 
 MIN_LOGIT_ROWS = 16
 CAPACITY_STEP = 256   # static caches are allocated in multiples of this many keys, so prompts share graphs
@@ -54,6 +60,16 @@ def logit_rows_bucket(m: int, rows: int) -> int:
     if m < 1 or m > rows:
         raise ValueError(f"m: expected 1 <= m <= rows = {rows}, got {m}")
     return min(rows, max(MIN_LOGIT_ROWS, 1 << (m - 1).bit_length()))
+
+
+def prefill_rows_bucket(rows: int) -> int:
+    """The padded row count of a prefill graph for ``rows`` rows (the prompt's, plus a verified next
+    block's): a multiple of an eighth of the next power of two (at least 16), so prompts share graphs
+    (4 per doubling of the length beyond 128) and the padding adds fewer than max(16, rows / 4) rows."""
+    if rows < 1:
+        raise ValueError(f"rows: expected >= 1, got {rows}")
+    step = max(16, (1 << (rows - 1).bit_length()) // 8)
+    return -(-rows // step) * step
 
 
 @dataclass
@@ -84,6 +100,8 @@ class VerifyGraphs:
     entry per shape) with the model called again instead of a graph replayed: for the CPU, for tests,
     and to bisect a wrong result between the bookkeeping and the capture. ``capture_writes``: ``generate``
     replays its block writes too (``write_block``); False launches them (in place, through the window).
+    ``capture_prefill``: ``generate`` replays the prompt's prefill too (``prefill``, straight into the
+    static cache); False launches it on a cache of its own and copies the prefix in (``attach``).
     ``windows``: the smallest attention window in keys (module docstring; windows double from it up to
     the capacity); None: every call reads the whole capacity (the bisect switch).
 
@@ -94,11 +112,13 @@ class VerifyGraphs:
     """
 
     def __init__(self, model: StaticCacheModel, replay: str = "cuda", capture_writes: bool = True,
-                 windows: int | None = CAPACITY_STEP, forward: VerifyForward | None = None):
+                 windows: int | None = CAPACITY_STEP, forward: VerifyForward | None = None,
+                 capture_prefill: bool = True):
         if replay not in REPLAYS:
             raise ValueError(f"replay: expected one of {REPLAYS}, got {replay!r}")
-        if not isinstance(capture_writes, bool):
-            raise TypeError(f"capture_writes: expected a bool, got {type(capture_writes).__name__}")
+        for name, flag in (("capture_writes", capture_writes), ("capture_prefill", capture_prefill)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
         if windows is not None and (isinstance(windows, bool) or not isinstance(windows, int) or windows < 2):
             raise ValueError(f"windows: expected None or an int >= 2 (the smallest window in keys), "
                              f"got {windows!r}")
@@ -108,6 +128,7 @@ class VerifyGraphs:
         self.forward = model if forward is None else forward
         self.replay = replay
         self.capture_writes = capture_writes
+        self.capture_prefill = capture_prefill
         self.windows = windows
         self.cache = None                   # the static cache the graphs read
         self._windows: dict[int, object] = {}  # window keys -> a PrefixCache of views of the cache's buffers
@@ -120,24 +141,91 @@ class VerifyGraphs:
         self.write_graphs: dict[tuple[int, bool, bool, bool, int], _Graph] = {}
         self.write_captures = 0             # block writes (write_block)
         self.write_replays = 0
+        # (padded rows, block-causal, compiled, next block's rows, window)
+        self.prefill_graphs: dict[tuple[int, bool, bool, int, int], _Graph] = {}
+        self.prefill_captures = 0           # prompts' prefills (prefill)
+        self.prefill_replays = 0
         self._pool = None
 
     def attach(self, cache, needed: int):
         """The static cache holding ``cache``'s prefix (a prefill's), with room for ``needed`` keys: the
         buffers already captured on if large enough (graphs stay valid), else new buffers of ``needed``
         rounded up to CAPACITY_STEP, plus one spare key (graphs dropped)."""
-        reusable = self.cache is not None and self.cache.keys[0].device == cache.keys[0].device
-        if reusable and self.cache.capacity - 1 >= needed:
+        if self._reusable(cache.keys[0].device, needed):
             return self.model.static_cache(cache, out=self.cache)
-        self.graphs.clear()
-        self.write_graphs.clear()
-        self._windows.clear()
+        self._drop_graphs()
         capacity = -(-needed // CAPACITY_STEP) * CAPACITY_STEP
         # One spare key: every window, the largest included, is then a strided view of the buffers, so a
         # compiled model traces one set of strides for all of them (a contiguous whole buffer next to
         # strided windows would cost a second compile of every graph).
         self.cache = self.model.static_cache(cache, capacity + 1)
         return self.cache
+
+    def _reusable(self, device: torch.device, needed: int) -> bool:
+        return self.cache is not None and self.cache.keys[0].device == device and self.cache.capacity - 1 >= needed
+
+    def _drop_graphs(self) -> None:
+        self.graphs.clear()
+        self.write_graphs.clear()
+        self.prefill_graphs.clear()
+        self._windows.clear()
+
+    def prefill(self, prompt_ids: Tensor, needed: int, block_causal: bool = False, compiled: bool = False,
+                next_block: Tensor | None = None):
+        """``model.prefill`` written straight into the static cache (``attach``'s buffers, with room for
+        ``needed`` keys), replayed from a CUDA graph (``capture_prefill``): one per padded row count
+        (``prefill_rows_bucket``), mask, ``compiled``, window and whether ``next_block`` is verified with
+        it, captured on first use; ``model.prefill_static``, the prompt padded after its rows (and the next
+        block's), whose K/V are scratch past the prefix. The checks run on the host first;
+        ``next_logits`` (and ``next_block_logits``) are copies out of the pool. Returns the static cache."""
+        self.model.check_prompt(prompt_ids, compiled, block_causal)
+        length, device = int(prompt_ids.shape[0]), prompt_ids.device
+        if next_block is not None and length == 0:
+            raise ValueError("next_block: an empty prompt has no prefill to verify it with")
+        next_rows = 0 if next_block is None else int(next_block.shape[0])
+        rows = prefill_rows_bucket(length + next_rows) if length else 0
+        if length:
+            self.model.check_next_block(next_block, length)
+        if not self._reusable(device, max(needed, rows)):
+            self.attach(self.model.empty_cache(device), max(needed, rows))
+        cache = self.cache
+        if length == 0:
+            cache.device_length.zero_()
+            cache.static_length, cache.next_logits, cache.next_block_logits = 0, None, None
+            return cache
+        window, view = self.window(rows)
+        key = (rows, block_causal, compiled, next_rows, window)
+        graph = self.prefill_graphs.get(key)
+        if graph is None:
+            run = self.model.compiled_method("prefill_static") if compiled else self.model.prefill_static
+            ids = prompt_ids.new_zeros(rows)  # the graph's input buffers: the rows and the prompt's length
+            prompt_length = prompt_ids.new_zeros(1)
+            mark_dynamic_keys(view)
+
+            def call():
+                return run(view.keys, view.values, cache.device_length, ids, prompt_length, block_causal, next_rows)
+
+            self._load_prefill(ids, prompt_length, prompt_ids, next_block)
+            logits, replay = self._record(call, device)
+            graph = self.prefill_graphs[key] = _Graph(ids, prompt_length, None, logits, replay)
+            self.prefill_captures += 1
+        else:
+            self._load_prefill(graph.tokens, graph.parents, prompt_ids, next_block)
+            graph.replay()
+            self.prefill_replays += 1
+        next_logits, block_logits = graph.logits
+        cache.next_logits = next_logits.clone()
+        cache.next_block_logits = None if block_logits is None else block_logits.clone()
+        cache.static_length = length
+        return cache
+
+    @staticmethod
+    def _load_prefill(ids: Tensor, prompt_length: Tensor, prompt_ids: Tensor, next_block: Tensor | None) -> None:
+        n = prompt_ids.shape[0]
+        ids[:n].copy_(prompt_ids)
+        if next_block is not None:
+            ids[n:n + next_block.shape[0]].copy_(next_block)
+        prompt_length.fill_(n)
 
     def window_keys(self, needed: int) -> int:
         """The window (in keys) of a call that reads the first ``needed`` keys of the attached cache: at

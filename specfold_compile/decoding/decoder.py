@@ -181,10 +181,11 @@ def _decode(model: DecodingModel, prompt_ids, mode, max_new_tokens, threshold, d
     guessing = bool(fuse_boundaries) and bool(model.config.shift_logits)  # each call also predicts the next seed
     t0 = time.perf_counter()
     # verified: (state, logits [B, V]) of the next block's first state, from the pass before it
+    # with graphs: a static cache with room for every block this call may write (and verify)
     cache, verified = boundaries.prefill(model, layout, writes, boundaries.fuses_prefill(fuse_boundaries), B,
-                                         mask_id, device)
-    if graphs is not None:  # a static cache with room for every block this call may write (and verify)
-        cache = graphs.attach(cache, layout.last_block_start(max_new_tokens) + (B if fuse_boundaries else 0))
+                                         mask_id, device, graphs,
+                                         layout.last_block_start(max_new_tokens) + (B if fuse_boundaries else 0))
+    if graphs is not None:
         captures0, replays0 = graphs.captures, graphs.replays
     nfe = 1 if layout.prefill_ids.numel() else 0
     out: list[int] = []
@@ -315,8 +316,9 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
     a ``VerifyGraphs`` for this call; pass one ``VerifyGraphs(model)`` to every call to keep its graphs
     from prompt to prompt. Same tokens as launched calls, up to the kernels' rounding (except that a
     SpecFold-compiled model folds captured calls while its launched ones run the plain graph, by
-    default); block writes replay too (``VerifyGraphs(model, capture_writes=False)`` launches them),
-    the prompt's prefill stays launched. A launched call is host-bound on the H200 (``cuda_graphs``'
+    default); block writes replay too (``VerifyGraphs(model, capture_writes=False)`` launches them), and
+    so does the prompt's prefill, straight into the static cache (``capture_prefill=False`` launches it
+    and copies it in). A launched call is host-bound on the H200 (``cuda_graphs``'
     module docstring), so this is where the forward's GPU speed, and SpecFold's folding, reach the loop.
 
     ``loop``: ``"host"`` (default) runs each step's bookkeeping (commits, the acceptance walk, the drafts)

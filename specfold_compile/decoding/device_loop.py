@@ -14,7 +14,7 @@ a status word in one int64 buffer on the device (``StepBuffers``). What the host
 
 With a ``VerifyGraphs`` (``cuda_graphs``) each step, the forward and its bookkeeping, is one CUDA graph
 (one per row count and attention window, captured on first use, kept with the ``VerifyGraphs`` across
-prompts); block writes replay as in the Python loop, the prefill stays launched. Without one, the same
+prompts); the prefill and block writes replay as in the Python loop. Without one, the same
 tensor code runs eagerly (the CPU path). On CUDA the bookkeeping after the confidences is compiled
 (``DeviceDecoder``'s ``compile_step``). The forward always computes every position's logits: a fixed
 shape, where the Python loop asks for the masked positions' only.
@@ -261,9 +261,8 @@ def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_b
     t0 = time.perf_counter()
     # verified: (state, logits [B, V]) of the next block's first state, from the pass before it
     cache, verified = boundaries.prefill(model, layout, writes, boundaries.fuses_prefill(fuse_boundaries), B,
-                                         mask_id, device)
-    if graphs is not None:
-        cache = graphs.attach(cache, layout.last_block_start(max_new_tokens) + (B if fuse_boundaries else 0))
+                                         mask_id, device, graphs,
+                                         layout.last_block_start(max_new_tokens) + (B if fuse_boundaries else 0))
     nfe = 1 if layout.prefill_ids.numel() else 0
     out: list[int] = []
     steps: list[StepStats] = []

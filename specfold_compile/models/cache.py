@@ -107,16 +107,7 @@ class PrefixCacheMethods:
         causal across blocks; its decoder passes the prompt's whole blocks. An empty prompt gives the
         empty cache (no forward, ``next_logits`` None). ``compiled``: as in ``write_block`` (one graph for
         prompts of any length under each mask). ``next_block``: as in ``write_block``."""
-        if not isinstance(prompt_ids, Tensor) or prompt_ids.dim() != 1 or prompt_ids.dtype != torch.int64:
-            raise TypeError("prompt_ids: expected a 1-D int64 tensor")
-        for name, flag in (("compiled", compiled), ("block_causal", block_causal)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
-        if prompt_ids.numel() and (int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= self.config.vocab_size):
-            raise ValueError(f"prompt_ids: ids must lie in [0, {self.config.vocab_size})")
-        if prompt_ids.numel() > self.config.max_position_embeddings:
-            raise ValueError(f"prompt_ids: {prompt_ids.numel()} tokens exceed "
-                             f"max_position_embeddings={self.config.max_position_embeddings}")
+        self.check_prompt(prompt_ids, compiled, block_causal)
         empty = self.empty_cache(prompt_ids.device)
         if prompt_ids.numel() == 0:
             if next_block is not None:
@@ -132,6 +123,19 @@ class PrefixCacheMethods:
                 torch._dynamo.maybe_mark_dynamic(prompt_ids, 0)
         keys, values, next_logits, block_logits = run(prompt_ids, next_block)
         return PrefixCache(keys, values, next_logits, self.model_uid, next_block_logits=block_logits)
+
+    def check_prompt(self, prompt_ids: Tensor, compiled: bool = False, block_causal: bool = False) -> None:
+        """``prefill``'s argument checks (one host read: whether every id lies in the vocabulary)."""
+        if not isinstance(prompt_ids, Tensor) or prompt_ids.dim() != 1 or prompt_ids.dtype != torch.int64:
+            raise TypeError("prompt_ids: expected a 1-D int64 tensor")
+        for name, flag in (("compiled", compiled), ("block_causal", block_causal)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
+        if prompt_ids.numel() and bool(((prompt_ids < 0) | (prompt_ids >= self.config.vocab_size)).any()):
+            raise ValueError(f"prompt_ids: ids must lie in [0, {self.config.vocab_size})")
+        if prompt_ids.numel() > self.config.max_position_embeddings:
+            raise ValueError(f"prompt_ids: {prompt_ids.numel()} tokens exceed "
+                             f"max_position_embeddings={self.config.max_position_embeddings}")
 
     def prefill_block_causal(self, prompt_ids: Tensor, next_block: Tensor | None = None
                              ) -> tuple[list[Tensor], list[Tensor], Tensor, Tensor | None]:
@@ -306,6 +310,39 @@ class PrefixCacheMethods:
         h, _, _ = self._sequence(ids[None], positions, allowed[None], (keys, values), write_at=positions)
         device_length.add_(s)
         return self._pass_logits(h[0], s, next_block)
+
+    def prefill_static(self, keys: list[Tensor], values: list[Tensor], device_length: Tensor, ids: Tensor,
+                       prompt_length: Tensor, block_causal: bool, next_rows: int = 0) -> tuple[Tensor, Tensor | None]:
+        """``prefill`` into a static cache's buffers [Hkv, capacity, D], in place, with shapes that depend
+        on the padded row count only (one CUDA graph serves every prompt padded to it:
+        ``VerifyGraphs.prefill``). ``ids`` [S]: the prompt's L tokens (L = ``prompt_length`` [1], on the
+        device), then ``next_rows`` (0 or B) tokens of the next block's first state (verified in the same
+        pass, as ``prefill(next_block=...)``), then padding. Every row's K/V is written at its position
+        (the rows past L are scratch that later writes overwrite); the prompt's rows attend to the prompt
+        only (block-causal or causal), the next block's to the prompt and to themselves, the padding's to
+        what precedes it (never read). ``device_length`` becomes L. Returns the logits of position L - 1
+        [V] and (``next_rows``) the next block's [B, V], with the family's shift."""
+        s, capacity = ids.shape[0], keys[0].shape[1]
+        device = ids.device
+        positions = torch.arange(s, device=device)
+        key_index = torch.arange(capacity, device=device)
+        if block_causal:
+            prompt_mask = block_causal_mask(positions, key_index, self.config.block_size)
+        else:
+            prompt_mask = key_index[None, :] <= positions[:, None]
+        prompt_mask = prompt_mask & (key_index < prompt_length)[None, :]
+        is_prompt = (positions < prompt_length)[:, None]
+        is_next = (positions < prompt_length + next_rows)[:, None]
+        allowed = torch.where(is_prompt, prompt_mask,
+                              torch.where(is_next, (key_index < prompt_length + next_rows)[None, :],
+                                          key_index[None, :] <= positions[:, None]))
+        h, _, _ = self._sequence(ids[None], positions, allowed[None], (keys, values), write_at=positions)
+        device_length.copy_(prompt_length)
+        last = h[0].index_select(0, prompt_length - 1)[0]
+        if not next_rows:
+            return self.head(last), None
+        block = h[0].index_select(0, prompt_length + torch.arange(next_rows, device=device))
+        return self.head(last), self.head(self.shift(block))
 
     def compiled_method(self, name: str):
         """The method ``name`` under ``torch.compile`` (default backend), made on first use and kept out of

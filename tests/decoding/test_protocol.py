@@ -51,11 +51,13 @@ def test_generate_and_verify_graphs_call_exactly_the_declared_members(model):
     proxy = _Recorder(model, seen)
     model.__dict__["_compiled_methods"] = {  # compiled writes without Inductor's C++ compile
         name: torch.compile(getattr(model, name), backend="aot_eager")
-        for name in ("prefill_block_causal", "append_block", "append_block_static")}
+        for name in ("prefill_block_causal", "append_block", "append_block_static", "prefill_static")}
     try:
-        for capture_writes, compile_writes in ((True, True), (True, False), (False, False)):
+        for capture_writes, compile_writes, capture_prefill in ((True, True, True), (True, False, True),
+                                                               (False, False, False), (True, True, False)):
             generate(proxy, ids, mode="spiffy", max_new_tokens=40, draft_budget=8, compile_writes=compile_writes,
-                     cuda_graphs=VerifyGraphs(proxy, replay="eager", capture_writes=capture_writes))
+                     cuda_graphs=VerifyGraphs(proxy, replay="eager", capture_writes=capture_writes,
+                                              capture_prefill=capture_prefill))
     finally:
         model.__dict__.pop("_compiled_methods")
     calls = {n for n in seen if not n.startswith("config.")}
