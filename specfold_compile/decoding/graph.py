@@ -17,6 +17,7 @@ Ranks are 1-based and lie in ``1..block_size-1`` (position 0 of a block is alway
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -73,6 +74,13 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+@functools.lru_cache(maxsize=64)
+def _validated(graph: DraftGraph, block_size: int) -> DraftGraph:
+    """``load_draft_graph`` of a ``DraftGraph``, which depends on its value only: validated once per value
+    (``generate`` gets the same graph on every call of a serving loop)."""
+    return load_draft_graph(graph.to_dict(), block_size)
+
+
 def load_draft_graph(graph, block_size: int) -> DraftGraph:
     """Validate a draft graph given as a path (str / PathLike, JSON), a dict, or a ``DraftGraph``.
 
@@ -84,7 +92,7 @@ def load_draft_graph(graph, block_size: int) -> DraftGraph:
     if not _is_int(block_size) or block_size < 2:
         raise ValueError(f"block_size must be an int >= 2, got {block_size!r}")
     if isinstance(graph, DraftGraph):
-        graph = graph.to_dict()
+        return _validated(graph, block_size)
     if isinstance(graph, (str, os.PathLike)):
         # json_input refuses absurd nesting up front (Python's parser would raise RecursionError)
         graph = json_input.load_file(graph, "draft_graph: file")

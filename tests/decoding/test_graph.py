@@ -30,6 +30,18 @@ def test_round_trip(tmp_path):
     assert load_draft_graph(g, 16) == g
 
 
+def test_a_draft_graph_is_validated_once_per_value():
+    g = load_draft_graph(default_draft_graph(16), 16)
+    again = load_draft_graph(DraftGraph(g.block_size, g.max_rank, g.nodes, g.parents, g.children), 16)
+    assert again is load_draft_graph(g, 16)  # equal values: the first validation's result
+    with pytest.raises(ValueError, match="block_size 16 does not fit"):
+        load_draft_graph(g, 8)
+    bad = DraftGraph(16, 3, ((1, frozenset({5})),), ((),), ((),))  # rank 5 above max_rank 3
+    for _ in range(2):  # a failed validation is not remembered
+        with pytest.raises(ValueError, match="draft_graph"):
+            load_draft_graph(bad, 16)
+
+
 def test_listed_parents_and_dag():
     d = {"version": 1, "block_size": 8, "max_rank": 4, "nodes": [
         {"level": 2, "ranks": [1, 2, 3], "parents": [1, 2]},
