@@ -12,6 +12,9 @@ Decodes task-suite prompts (``specfold_compile.tasks``, test split) with ``gener
     specfold_device  mode="spiffy",  loop="device", the same compiled model
     NAME_readK       a device-loop mode launching K steps before each read (``steps_per_read=K``; K in
                      2, 4, 8; asked for by name only)
+    NAME_fused       a mode with its block boundaries fused (``fuse_boundaries=True``; by name only)
+    NAME_launched_prefill  a mode whose prefill is launched and copied into the static cache
+                     (``VerifyGraphs(capture_prefill=False)``; by name only)
 
 On CUDA every mode runs with CUDA graphs (``cuda_graphs``: one ``VerifyGraphs`` per mode, kept across
 prompts, so captures and compiles happen in the warm-up pass, reported apart as ``warmup_s``); on the
@@ -19,17 +22,24 @@ CPU the calls are launched. One row per task and mode::
 
     model, task, mode, tokens_per_s, nfe, step_ms, host_ms, ttft_ms, trace_driven, cuda_graphs, ...
 
-``tokens_per_s``: generated tokens over the wall time of ``generate`` (each prompt's median over the
-timed passes, modes interleaved prompt by prompt). ``nfe``: forwards per prompt. ``step_ms``: wall time
-per verification step, the prefill and block writes taken out (each timed with its GPU work).
+``tokens_per_s``: generated tokens over the wall time of ``generate`` called on every prompt in turn as a
+user calls it, nothing timed inside (the lower median of ``--repeats`` passes, modes interleaved pass by
+pass). The breakdown comes from other, instrumented passes (each prompt's median over them, modes
+interleaved prompt by prompt), whose own rate is ``instrumented_tokens_per_s`` (the per-part syncs and
+events slow a decode down). ``nfe``: forwards per prompt. ``step_ms``: wall time per verification step,
+the prefill (launched, or replayed into the static cache) and block writes taken out (each timed with
+its GPU work).
 ``host_ms``: the part of a step that is not the step's own device work (CUDA: the forward's graph, and
 in the device loop its bookkeeping, timed with CUDA events; CPU: the forward, timed on the host), i.e.
 the host's time on the critical path. ``outside_steps_ms`` (device loop): a decode's wall time outside
 its prefill, block writes and steps (each step's launch, wait and read), per decode: the setup, the
-seeds, the buffers' loads and the blocks' reads, which ``host_ms`` spreads over the steps. ``ttft_ms``: from the call to the first block's tokens.
-``trace_driven``: False, every number is measured decoding (no replayed trace). ``tokens_match``: the
-mode's tokens equal vanilla's, prompt for prompt (lossless); ``same_as_host_twin``: a device-loop mode's
-tokens and forwards equal those of the same decoding in the Python loop.
+seeds, the buffers' loads and the blocks' reads, which ``host_ms`` spreads over the steps.
+``prefill_ms`` (CUDA): the prompt's prefill per decode, with its GPU work. ``ttft_ms``: from the call to
+the first block's tokens. ``prefill``: ``"replayed"`` (CUDA: ``VerifyGraphs.prefill``) or ``"launched"``
+(the CPU, or a ``_launched_prefill`` mode). ``trace_driven``: False, every number is measured decoding (no
+replayed trace). ``tokens_match``: the mode's tokens equal vanilla's, prompt for prompt (lossless);
+``same_as_host_twin``: a device-loop mode's tokens and forwards equal those of the same decoding in
+the Python loop.
 
     python -m bench.end_to_end [--device cuda] [--limit 20] [--tasks math,code,instruct] [--modes ...]
 
@@ -51,27 +61,8 @@ import torch
 
 from bench.common import check_output, write_json
 
-MODES = {  # name -> (generate's mode, loop, compiled with: None (eager), "inductor" or "specfold")
-    "vanilla": ("vanilla", "host", None),
-    "vanilla_device": ("vanilla", "device", None),
-    "spiffy": ("spiffy", "host", None),
-    "spiffy_device": ("spiffy", "device", None),
-    "spiffy_compiled": ("spiffy", "host", "inductor"),
-    "spiffy_compiled_device": ("spiffy", "device", "inductor"),
-    "specfold": ("spiffy", "host", "specfold"),
-    "specfold_device": ("spiffy", "device", "specfold"),
-}
-CPU_MODES = ("vanilla", "vanilla_device", "spiffy", "spiffy_device")
-HOST_TWIN = {"vanilla_device": "vanilla", "spiffy_device": "spiffy", "spiffy_compiled_device": "spiffy_compiled",
-             "specfold_device": "specfold"}
-# on request only: a device-loop mode launching K steps before each read (generate's steps_per_read)
-AHEAD = {f"{name}_read{k}": spec for name, spec in MODES.items() if spec[1] == "device" for k in (2, 4, 8)}
-HOST_TWIN.update({name: HOST_TWIN[name.rsplit("_read", 1)[0]] for name in AHEAD})
-SPECS = {**MODES, **AHEAD}
-
-
-def steps_per_read(mode: str) -> int:
-    return int(mode.rsplit("_read", 1)[1]) if mode in AHEAD else 1
+from bench.end_to_end_modes import (AHEAD, CPU_MODES, FUSED, HOST_TWIN, LAUNCHED_PREFILL, MODES, SPECS,
+                                    fuse_boundaries, steps_per_read)
 
 
 class _Clock:
@@ -183,17 +174,17 @@ def _timed_run(target, prompt, clock: _Clock, graphs, kwargs, decode=None) -> di
     clock.reset()
     model = target if graphs is not None else _TimedModel(target, clock)
     prefill_s = 0.0
-    if graphs is not None:  # the prefill of the compiled or eager model, timed through the instance
-        prefill = target.prefill
-
-        def timed_prefill(*args, **kw):
-            nonlocal prefill_s
-            t0 = time.perf_counter()
-            out = prefill(*args, **kw)
-            clock.sync()
-            prefill_s += time.perf_counter() - t0
-            return out
-        target.prefill = timed_prefill
+    if graphs is not None:  # the prefill (launched by the model, or replayed by graphs) timed on the instances
+        def timed(prefill):
+            def run(*args, **kw):
+                nonlocal prefill_s
+                t0 = time.perf_counter()
+                out = prefill(*args, **kw)
+                clock.sync()
+                prefill_s += time.perf_counter() - t0
+                return out
+            return run
+        target.prefill, graphs.prefill = timed(target.prefill), timed(graphs.prefill)
     ctx = _timed_graphs(graphs, clock) if graphs is not None else contextlib.nullcontext()
     try:
         with ctx, _timed_steps(clock):
@@ -204,7 +195,7 @@ def _timed_run(target, prompt, clock: _Clock, graphs, kwargs, decode=None) -> di
             device_s = clock.device_s()
     finally:
         if graphs is not None:
-            del target.prefill
+            del target.prefill, graphs.prefill
     steps = max(res.num_calls, 1)
     if graphs is None:  # the CPU's prefill went through _TimedModel's write clock
         prefill_s, writes_s = 0.0, clock.writes_s
@@ -215,7 +206,8 @@ def _timed_run(target, prompt, clock: _Clock, graphs, kwargs, decode=None) -> di
     return {"tokens": res.tokens, "nfe": res.nfe, "steps": res.num_calls, "wall_s": wall,
             "calls": [(s.branches, s.accepted, list(s.parents)) for s in res.steps],
             "step_ms": 1e3 * step_s, "host_ms": 1e3 * (step_s - device_s / steps), "ttft_ms": 1e3 * (first - t0),
-            "outside_steps_ms": 1e3 * (wall - prefill_s - writes_s - clock.steps_s) if clock.steps_s else None}
+            "outside_steps_ms": 1e3 * (wall - prefill_s - writes_s - clock.steps_s) if clock.steps_s else None,
+            "prefill_ms": 1e3 * prefill_s if graphs is not None else None}
 
 
 def _targets(model, modes, device: str, tau: float) -> dict:
@@ -239,21 +231,23 @@ def _targets(model, modes, device: str, tau: float) -> dict:
 
 
 def run(args) -> list[dict]:
-    from specfold_compile.decoding import VerifyGraphs
+    from specfold_compile.decoding import VerifyGraphs, load_draft_graph
     from specfold_compile.loading import DEFAULT_MODEL_DIR, encode, load_model
     from specfold_compile.tasks import sample
 
     cuda = args.device == "cuda"
     model = load_model(None, device=args.device)
     name = Path(getattr(model, "name_or_path", "specfold-tiny")).name
-    graph = str(DEFAULT_MODEL_DIR / "draft_graph.json")
+    graph = load_draft_graph(str(DEFAULT_MODEL_DIR / "draft_graph.json"), model.config.block_size)  # read once
     modes = args.modes
     targets = _targets(model, modes, args.device, args.tau)
-    graphs = {m: VerifyGraphs(targets[m]) if cuda else None for m in modes}
+    graphs = {m: VerifyGraphs(targets[m], capture_prefill=m not in LAUNCHED_PREFILL) if cuda else None
+              for m in modes}
     # two modes on one target share its VerifyGraphs (one static cache and compiled graph per model)
     for m in modes:
         for other in modes:
-            if other < m and targets[other] is targets[m] and cuda:
+            if other < m and targets[other] is targets[m] and cuda and (m in LAUNCHED_PREFILL) == (
+                    other in LAUNCHED_PREFILL):
                 graphs[m] = graphs[other]
     clock = _Clock(cuda)
     rows = []
@@ -261,7 +255,8 @@ def run(args) -> list[dict]:
         prompts = [encode(model, p.prompt).to(args.device) for p in sample(task, "test", args.limit, 0)]
         kwargs = {m: dict(mode=SPECS[m][0], loop=SPECS[m][1], max_new_tokens=args.max_new_tokens,
                           draft_budget=args.draft_budget, draft_graph=graph,
-                          **({"steps_per_read": steps_per_read(m)} if m in AHEAD else {})) for m in modes}
+                          **({"steps_per_read": steps_per_read(m)} if m in AHEAD else {}),
+                          **({"fuse_boundaries": True} if m in FUSED else {})) for m in modes}
         warm_s = {}
         for m in modes:  # warm-up: compiles, captures and autotuning happen here
             t0 = time.perf_counter()
@@ -273,20 +268,37 @@ def run(args) -> list[dict]:
             for i, prompt in enumerate(prompts):
                 for m in modes:
                     runs[m][i].append(_timed_run(targets[m], prompt, clock, graphs[m], kwargs[m]))
+        plain = {m: [] for m in modes}  # uninstrumented passes over the prompts, modes interleaved pass by pass
+        for _ in range(args.repeats):
+            for m in modes:
+                plain[m].append(_plain_pass(targets[m], prompts, graphs[m], kwargs[m], clock))
         for m in modes:
-            rows.append(_row(name, task, m, runs, warm_s[m], cuda))
+            rows.append(_row(name, task, m, runs, warm_s[m], cuda, plain[m]))
+            rows[-1]["prefill"] = "launched" if m in LAUNCHED_PREFILL or not cuda else "replayed"
             print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def _plain_pass(target, prompts, graphs, kwargs, clock: _Clock) -> tuple[float, int]:
+    """(wall seconds, tokens) of ``generate`` on every prompt in turn as a user calls it (``tokens_per_s``)."""
+    from specfold_compile.decoding import generate
+    clock.sync()
+    t0, tokens = time.perf_counter(), 0
+    for prompt in prompts:
+        tokens += len(generate(target, prompt, cuda_graphs=graphs if graphs is not None else False, **kwargs).tokens)
+    clock.sync()
+    return time.perf_counter() - t0, tokens
 
 
 def _median_run(reps: list[dict]) -> dict:
     return sorted(reps, key=lambda r: r["wall_s"])[len(reps) // 2]
 
 
-def _row(name, task, mode, runs, warm_s, cuda) -> dict:
+def _row(name, task, mode, runs, warm_s, cuda, plain) -> dict:
     per_prompt = [_median_run(reps) for reps in runs[mode]]
     tokens = sum(len(r["tokens"]) for r in per_prompt)
     wall = sum(r["wall_s"] for r in per_prompt)
+    plain_wall, plain_tokens = sorted(plain)[(len(plain) - 1) // 2]  # the lower median
     steps = sum(r["steps"] for r in per_prompt)
 
     def first(m, key):
@@ -295,14 +307,19 @@ def _row(name, task, mode, runs, warm_s, cuda) -> dict:
     def per_step(key):
         return sum(r[key] * r["steps"] for r in per_prompt) / max(steps, 1)
 
-    outside = [r["outside_steps_ms"] for r in per_prompt]  # None: the Python loop's decodes
+    def mean_of(key):  # None where a decode has none: the Python loop's outside_steps_ms, the CPU's prefill_ms
+        values = [r[key] for r in per_prompt]
+        return None if None in values else statistics.mean(values)
+
     twin = HOST_TWIN.get(mode)
     lossless = "vanilla" if "vanilla" in runs else twin
-    return {"model": name, "task": task, "mode": mode, "tokens_per_s": tokens / wall,
+    return {"model": name, "task": task, "mode": mode, "tokens_per_s": plain_tokens / plain_wall,
+            "instrumented_tokens_per_s": tokens / wall,
             "nfe": statistics.mean(r["nfe"] for r in per_prompt), "step_ms": per_step("step_ms"),
             "host_ms": per_step("host_ms"), "ttft_ms": statistics.mean(r["ttft_ms"] for r in per_prompt),
-            "outside_steps_ms": None if None in outside else statistics.mean(outside),
+            "outside_steps_ms": mean_of("outside_steps_ms"), "prefill_ms": mean_of("prefill_ms"),
             "trace_driven": False, "cuda_graphs": cuda, "loop": SPECS[mode][1], "steps_per_read": steps_per_read(mode),
+            "fuse_boundaries": fuse_boundaries(mode),
             "prompts": len(per_prompt),
             "tokens": tokens, "steps": steps, "warmup_s": warm_s,
             "tokens_match": None if lossless is None else first(mode, "tokens") == first(lossless, "tokens"),
@@ -319,8 +336,10 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=20, help="test-split prompts per task")
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--modes", default=None, help=f"comma-separated among {', '.join(MODES)} (default: all on "
-                                                  f"CUDA, {', '.join(CPU_MODES)} on the CPU), and a device-loop "
-                                                  "mode's NAME_readK (K in 2, 4, 8: K steps launched a read)")
+                                                  f"CUDA, {', '.join(CPU_MODES)} on the CPU), a device-loop "
+                                                  "mode's NAME_readK (K in 2, 4, 8: K steps launched a read) "
+                                                  "and any mode's NAME_fused (fuse_boundaries=True) or "
+                                                  "NAME_launched_prefill")
     ap.add_argument("--repeats", type=int, default=None, help="timed passes, each prompt's median kept (default: 3 "
                                                               "on CUDA, 1 on the CPU)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
@@ -333,7 +352,9 @@ def main(argv=None) -> int:
     args.modes = tuple(args.modes.split(",")) if args.modes else (tuple(MODES) if args.device == "cuda" else CPU_MODES)
     unknown = sorted(set(args.modes) - set(SPECS))
     if unknown:
-        ap.error(f"--modes: expected names among {list(MODES)} or a device mode's NAME_readK, got {unknown}")
+        ap.error(f"--modes: expected names among {list(MODES)}, a device mode's NAME_readK or a mode's NAME_fused or "
+                 f"NAME_launched_prefill, "
+                 f"got {unknown}")
     args.tasks = tuple(args.tasks.split(","))
     if args.repeats is None:
         args.repeats = 3 if args.device == "cuda" else 1

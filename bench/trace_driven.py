@@ -155,17 +155,28 @@ def replay(args, trace: dict, name: str) -> list[dict]:
             out["reproduced"] = (out["tokens"] == table[torch.tensor(rec["tokens"], dtype=torch.long)].tolist()
                                  and out["nfe"] == rec["nfe"] and out["calls"] == _recorded_calls(rec["steps"]))
             return out
+        def plain_pass(idx: list[int]) -> tuple[float, int]:
+            """(wall seconds, tokens) of the prompts ``idx`` decoded in turn, nothing timed inside."""
+            clock.sync()
+            t0, tokens = time.perf_counter(), 0
+            for i in idx:
+                forcing.seek(*offsets[i])
+                tokens += len(_decode(targets[mode], mapped[i], kind, args, graph, trace=forcing, graphs=graphs).tokens)
+            clock.sync()
+            return time.perf_counter() - t0, tokens
+
         with forced_fold_masks(forcing.fold_masks):
             t0 = time.perf_counter()
             for i in range(len(prompts)):  # warm-up: compiles, captures, autotuning
                 run(i)
             warm_s = time.perf_counter() - t0
             runs = {mode: [[run(i) for _ in range(args.repeats)] for i in range(len(prompts))]}
-        by_task: dict[str, list[int]] = {}
-        for i, p in enumerate(prompts):
-            by_task.setdefault(p["task"], []).append(i)
+            by_task: dict[str, list[int]] = {}
+            for i, p in enumerate(prompts):
+                by_task.setdefault(p["task"], []).append(i)
+            plain = {task: [plain_pass(idx) for _ in range(args.repeats)] for task, idx in by_task.items()}
         for task, idx in by_task.items():
-            row = _row(name, task, mode, {mode: [runs[mode][i] for i in idx]}, warm_s, cuda)
+            row = _row(name, task, mode, {mode: [runs[mode][i] for i in idx]}, warm_s, cuda, plain[task])
             row.update(trace_driven=True, fuse_boundaries=args.fuse_boundaries, loop="device", host_twin=None,
                        same_as_host_twin=None, tokens_match=None,
                        trace_reproduced=all(r["reproduced"] for i in idx for r in runs[mode][i]),

@@ -19,6 +19,7 @@ def test_end_to_end_on_the_cpu(tmp_path, capsys):
     for r in rows.values():
         assert keys <= set(r) and r["task"] == "math" and r["trace_driven"] is False and r["cuda_graphs"] is False
         assert r["tokens_per_s"] > 0 and r["step_ms"] > 0 and r["ttft_ms"] > 0 and r["nfe"] >= 1
+        assert r["instrumented_tokens_per_s"] > 0
         assert r["tokens_match"] is True
     for mode in ("vanilla_device", "spiffy_device"):
         assert rows[mode]["same_as_host_twin"] is True
@@ -43,3 +44,19 @@ def test_end_to_end_steps_launched_ahead(tmp_path):
     ahead = rows["spiffy_device_read4"]
     assert ahead["steps_per_read"] == 4 and rows["spiffy"]["steps_per_read"] == 1
     assert ahead["host_twin"] == "spiffy" and ahead["same_as_host_twin"] is True
+
+
+def test_end_to_end_fused_boundaries(tmp_path):
+    """A mode's ``_fused``: ``generate(fuse_boundaries=True)``, fewer forwards, the same tokens; the device
+    loop's tokens and forwards equal its fused Python-loop twin's."""
+    out = tmp_path / "fused.json"
+    assert end_to_end.main(["--device", "cpu", "--limit", "1", "--tasks", "instruct", "--modes",
+                            "spiffy,spiffy_fused,spiffy_device_fused,spiffy_launched_prefill", "--out", str(out)]) == 0
+    rows = {r["mode"]: r for r in json.loads(out.read_text())["rows"]}
+    fused = rows["spiffy_device_fused"]
+    assert fused["fuse_boundaries"] is True and rows["spiffy"]["fuse_boundaries"] is False
+    assert fused["host_twin"] == "spiffy_fused" and fused["same_as_host_twin"] is True
+    assert rows["spiffy_fused"]["nfe"] < rows["spiffy"]["nfe"]
+    assert rows["spiffy_fused"]["tokens_match"] is None  # no vanilla row asked for: no reference
+    assert {r["prefill"] for r in rows.values()} == {"launched"}  # the CPU has no graphs to replay it from
+    assert rows["spiffy_launched_prefill"]["nfe"] == rows["spiffy"]["nfe"]
