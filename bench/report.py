@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 from bench.report_batched import render_batched, render_batched_headline, render_packed_rows
-from bench.tables import E2E_MODES, SHAPES
+from bench.report_e2e import render_decode_loop, render_e2e_headline, render_end_to_end
+from bench.tables import SHAPES
 from bench.tables import first_matching as _one, fmt as _f, markdown_table as _table, matching as _rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,81 +173,6 @@ def render_launch(data: dict) -> list[str]:
                    "host time (ms)", "launches per call"], rows) + [""]
 
 
-def render_decode_loop(data: dict) -> list[str]:
-    rows = []
-    for model in SHAPES:
-        for n in sorted({r["n_branches"] for r in _rows(data, part="shape", model=model)}):
-            sp = _one(data, part="shape", model=model, n_branches=n, mode="spiffy_compiled")
-            sf = _one(data, part="shape", model=model, n_branches=n, mode="specfold")
-            if not (sp and sf):
-                continue
-            rows.append([SHAPES[model], str(n), _f(sp["launched_ms"]), _f(sp["cuda_graph_ms"]),
-                         _f(sf["launched_ms"]), _f(sf["cuda_graph_ms"]),
-                         "folded" if sf["recompute_ratio"] is not None else "plain",
-                         f"{sf['cuda_graph_ms'] / sp['cuda_graph_ms']:.2f}x"])
-    checks = [f"{SHAPES[r['model']]} {r['rel_err_static_vs_dynamic']:g}" for r in _rows(data, part="shape_check")]
-    return (_table(["shape", "N", "Spiffy, Inductor: launched", "replayed", "SpecFold: launched",
-                    "replayed", "SpecFold's replay", "SpecFold / Spiffy, replayed"], rows)
-            + ["", "Static cache against dynamic cache, relative difference of the logits (eager, bf16): "
-               + ", ".join(checks) + ".", ""])
-
-
-BOUNDARIES = {False: "separate", True: "fused", "writes": "fused writes"}  # generate(fuse_boundaries=...) of a row
-
-
-def _e2e_ratio(data: dict, row: dict) -> str:
-    base = _one(data, model=row["model"], task=row["task"], mode="spiffy_compiled", trace_driven=row["trace_driven"],
-                fuse_boundaries=row.get("fuse_boundaries"))
-    return f"{row['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else ""
-
-
-def render_e2e_headline(data: dict) -> list[str]:
-    """README's table: trace-driven tokens/s per shape, task and block-boundary handling (separate or all
-    fused; the writes-only rows are on the benchmark page), each mode, SpecFold against Spiffy under
-    Inductor in the same loop."""
-    rows = []
-    for model in SHAPES:
-        for fused in (f for f in BOUNDARIES if f != "writes"):
-            for task in dict.fromkeys(r["task"] for r in _rows(data, model=model, trace_driven=True)):
-                by_mode = {m: _one(data, model=model, task=task, mode=m, trace_driven=True, fuse_boundaries=fused)
-                           for m in E2E_MODES}
-                if not all(by_mode.values()):
-                    continue
-                sf = by_mode["specfold"]
-                rows.append([SHAPES[model], task, BOUNDARIES[fused]]
-                            + [f"{by_mode[m]['tokens_per_s']:.0f}" for m in E2E_MODES]
-                            + [_e2e_ratio(data, sf), f"{100 * sf['host_ms'] / sf['step_ms']:.0f}%"])
-    return _table(["shape", "task", "block boundaries"] + [f"{w} (tokens/s)" for w in E2E_MODES.values()]
-                  + ["SpecFold / Spiffy, Inductor", "host share of a SpecFold step"], rows)
-
-
-def render_end_to_end(data: dict) -> list[str]:
-    lines = []
-    traced = [r for r in data["rows"] if r["trace_driven"]]
-    if traced:
-        lines += ["Trace-driven at the real shapes (random bf16 weights; every call, seed, fold mask and accepted "
-                  "draft forced from the shipped model's record; trace reproduced: the replay made exactly the "
-                  "recorded calls and tokens):", ""]
-        lines += _table(["shape", "task", "block boundaries", "mode", "tokens/s", "NFE", "step (ms)", "host (ms)",
-                         "TTFT (ms)", "/ Spiffy, Inductor", "trace reproduced"],
-                        [[SHAPES.get(r["model"], r["model"]), r["task"], BOUNDARIES[r.get("fuse_boundaries") or False],
-                          E2E_MODES[r["mode"]],
-                          f"{r['tokens_per_s']:.0f}", _f(r["nfe"]), _f(r["step_ms"]), _f(r["host_ms"]),
-                          _f(r["ttft_ms"], 1), _e2e_ratio(data, r), "yes" if r["trace_reproduced"] else "NO"]
-                         for r in traced])
-        lines += [""]
-    shipped = [[r["task"], r["mode"], r.get("loop", ""), f"{r['tokens_per_s']:.0f}", _f(r["nfe"]), _f(r["step_ms"]),
-                _f(r["host_ms"]), _f(r["ttft_ms"], 1),
-                {True: "yes", False: "NO", None: "-"}[r.get("same_as_host_twin")]]
-               for r in data["rows"] if not r["trace_driven"]]
-    if shipped:
-        lines += ["The shipped model itself (its own acceptance; `bench.end_to_end`): the Python loop "
-                  "(`loop=\"host\"`) against the device loop (`*_device`), CUDA graphs on:", ""]
-        lines += _table(["task", "mode", "loop", "tokens/s", "NFE", "step (ms)", "host (ms)", "TTFT (ms)",
-                         "same tokens as the Python loop"], shipped) + [""]
-    return lines
-
-
 def render_eval(data: dict) -> list[str]:
     rows = []
     for task, modes in data["results"].items():
@@ -332,6 +258,22 @@ SECTIONS = [
             "included), NFE and TTFT (until the first block is committed) their means, step (a verification "
             "step's wall time) and host (the part of it not covered by device work) means over all steps.",
             render_end_to_end),
+    Section("Whole decodes with the prefill replayed (H100)", "h100/end_to_end.json",
+            "python -m bench.end_to_end --device cuda --limit 6 --repeats 3 --modes vanilla,"
+            "spiffy_compiled_launched_prefill,specfold_launched_prefill,spiffy_compiled,specfold,"
+            "spiffy_compiled_device,specfold_device,spiffy_compiled_device_fused,specfold_device_fused; python -m "
+            "bench.trace_driven record --device cpu --limit 4 --fuse-boundaries --out TRACE.pt, then python -m "
+            "bench.trace_driven replay --trace TRACE.pt --device cuda --models MODEL --repeats 3 (fast-dllm-v2-1.5b, "
+            "fast-dllm-v2-7b); merged with python -m bench.plot bench/results/h100/end_to_end.json RUN.json ...",
+            "As above, with the prompt's prefill replayed from a CUDA graph straight into the static cache "
+            "(`VerifyGraphs.prefill`, the default); `*_launched_prefill` modes launch it and copy it in, as "
+            "`generate(cuda_graphs=True)` did before. tokens/s here is the rate of `generate` called on every "
+            "problem in turn with nothing timed inside (the lower median of 3 passes); the other columns come "
+            "from instrumented passes (prefill: the prefill's wall time with its GPU work). The shipped model: 6 "
+            "test problems a task, every mode in one process; the trace-driven rows: the fused record (block "
+            "boundaries speculated), 4 problems a task. On the shipped model a step is a few hundred microseconds, "
+            "so the same point measured in two processes has differed by up to a third: compare rows of one "
+            "process.", render_end_to_end),
     Section("Steps launched ahead", "h100/steps_per_read.json",
             "python -m bench.end_to_end --device cuda --limit 6 --repeats 2 --tasks math,instruct --modes "
             "spiffy_compiled,specfold,spiffy_compiled_device,spiffy_compiled_device_read4,specfold_device,"
