@@ -62,18 +62,22 @@ class StepBuffers:
         self.parents, self.n_rows, self.info, self.status, outcomes, self.cursor = parts[1:]
         self.outcomes = outcomes.view(steps_per_read, _STATUS + rows)
         self._layout = padded
+        # load_block's staging buffer: pinned on CUDA, so its copy is queued without a host wait (the
+        # previous one has finished by then: the host read a step's status word after it)
+        self._host = torch.zeros(self.flat.shape, dtype=torch.long, pin_memory=device.type == "cuda")
 
     def load_block(self, state: torch.Tensor, start: int, need: int) -> None:
         """A block's first state [B] (a CPU tensor): every row that state, parents [-1, 0, ...], one real
         row, the status word cleared; one host-to-device copy."""
         r = self.rows_n
-        host = torch.zeros(self.flat.shape, dtype=torch.long)
+        host = self._host
+        host.zero_()
         rows, parents, n_rows, info, *_ = host.split(self._layout)
         rows[:r * self.block] = state.repeat(r)
         parents[0] = -1
         n_rows[0] = 1
-        info[:2] = torch.tensor([start, need])
-        self.flat.copy_(host)
+        info[0], info[1] = start, need
+        self.flat.copy_(host, non_blocking=True)
 
 
 def gated_step(conf: torch.Tensor, tok: torch.Tensor, rows: torch.Tensor, parents: torch.Tensor, n_rows: torch.Tensor,
@@ -199,7 +203,8 @@ class DeviceDecoder:
         others of 1 + draft_budget, launched one after the other; then their status words, read back to
         the host at once: ``STATUS_FIELDS`` then the call's parents, a word of zeros (0 rows) for a step
         launched after its block's last one."""
-        self.buffers.cursor.zero_()
+        if self.steps_per_read > 1:  # one step a read always writes row 0 (the clamp): no launch needed
+            self.buffers.cursor.zero_()
         for j in range(self.steps_per_read):
             m = n if j == 0 else self.buffers.rows_n
             if self.graphs is None:
