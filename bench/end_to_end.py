@@ -254,7 +254,7 @@ def run(args) -> list[dict]:
     for task in args.tasks:
         prompts = [encode(model, p.prompt).to(args.device) for p in sample(task, "test", args.limit, 0)]
         kwargs = {m: dict(mode=SPECS[m][0], loop=SPECS[m][1], max_new_tokens=args.max_new_tokens,
-                          draft_budget=args.draft_budget, draft_graph=graph,
+                          draft_budget=args.draft_budget, draft_graph=graph, compile_writes=args.compile_writes,
                           **({"steps_per_read": steps_per_read(m)} if m in AHEAD else {}),
                           **({"fuse_boundaries": True} if m in FUSED else {})) for m in modes}
         warm_s = {}
@@ -274,7 +274,8 @@ def run(args) -> list[dict]:
                 plain[m].append(_plain_pass(targets[m], prompts, graphs[m], kwargs[m], clock))
         for m in modes:
             rows.append(_row(name, task, m, runs, warm_s[m], cuda, plain[m]))
-            rows[-1]["prefill"] = "launched" if m in LAUNCHED_PREFILL or not cuda else "replayed"
+            rows[-1].update(prefill="launched" if m in LAUNCHED_PREFILL or not cuda else "replayed",
+                            compile_writes=args.compile_writes)
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -345,6 +346,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--draft-budget", type=int, default=16)
     ap.add_argument("--tau", type=float, default=0.1, help="SpecFold's fold threshold (0 folds nothing)")
+    ap.add_argument("--compile-writes", action="store_true",
+                    help="every mode's prefill and block writes through torch.compile (generate's compile_writes)")
     ap.add_argument("--out", default=None, help="the JSON file (default: $OUT/end_to_end.json, else ./end_to_end.json)")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -370,7 +373,8 @@ def main(argv=None) -> int:
     write_json(Path(out), rows, {"suite": "end_to_end", "seconds": time.perf_counter() - t0,
                                  "setup": {"limit": args.limit, "repeats": args.repeats,
                                            "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
-                                           "tau": args.tau, "device": args.device}})
+                                           "tau": args.tau, "device": args.device,
+                                           "compile_writes": args.compile_writes}})
     print(f"wrote {out}")
     return 0
 

@@ -54,7 +54,7 @@ def _decode(model, prompt, mode, args, graph, forward=None, trace=None, graphs=N
     return decode_on_device(model, prompt, mode, args.max_new_tokens, DEFAULTS.threshold,
                             args.draft_budget if mode != "vanilla" else 0,
                             graph if mode != "vanilla" else None, True, graphs=graphs, forward=forward, trace=trace,
-                            fuse_boundaries=args.fuse_boundaries)
+                            fuse_boundaries=args.fuse_boundaries, compile_writes=args.compile_writes)
 
 
 def record(args) -> dict:
@@ -177,7 +177,8 @@ def replay(args, trace: dict, name: str) -> list[dict]:
             plain = {task: [plain_pass(idx) for _ in range(args.repeats)] for task, idx in by_task.items()}
         for task, idx in by_task.items():
             row = _row(name, task, mode, {mode: [runs[mode][i] for i in idx]}, warm_s, cuda, plain[task])
-            row.update(trace_driven=True, fuse_boundaries=args.fuse_boundaries, loop="device", host_twin=None,
+            row.update(trace_driven=True, fuse_boundaries=args.fuse_boundaries, compile_writes=args.compile_writes,
+                       loop="device", host_twin=None,
                        same_as_host_twin=None, tokens_match=None,
                        trace_reproduced=all(r["reproduced"] for i in idx for r in runs[mode][i]),
                        record={"model": trace["model"], "decode": kind, "tau": trace["tau"]})
@@ -249,6 +250,8 @@ def main(argv=None) -> int:
                          "block size: block_size=32,sub_block_size=8,vocab_size=1040)")
     ap.add_argument("--repeats", type=int, default=1, help="replay: timed passes, each prompt's median kept")
     ap.add_argument("--eager-graphs", action="store_true", help="replay on the CPU: VerifyGraphs(replay='eager')")
+    ap.add_argument("--compile-writes", action="store_true",
+                    help="the prefill and block writes through torch.compile (generate's compile_writes)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -265,7 +268,8 @@ def main(argv=None) -> int:
     return run_command(ap, args, out, record, replay, "end_to_end", lambda trace: {
         "trace": args.trace, "record_model": trace["model"], "tau": trace["tau"], "prompts": len(trace["prompts"]),
         "repeats": args.repeats, "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
-        "fuse_boundaries": trace.get("fuse_boundaries", False), "device": args.device})
+        "fuse_boundaries": trace.get("fuse_boundaries", False), "device": args.device,
+        "compile_writes": args.compile_writes})
 
 
 if __name__ == "__main__":

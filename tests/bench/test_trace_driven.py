@@ -57,3 +57,27 @@ def test_a_writes_only_record_replays_as_such(tmp_path):
                               "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert row["fuse_boundaries"] == "writes" and row["trace_reproduced"] is True
+
+
+def test_compile_writes_replays_the_prefill_and_writes_compiled(trace, tmp_path, monkeypatch):
+    """``--compile-writes``: the replay's prefill (and block writes) go through ``torch.compile`` (aot_eager
+    here, in place of Inductor's C++ compile), the record still reproduced."""
+    from specfold_compile.models.cache import PrefixCacheMethods
+
+    compiled = []
+
+    def compiled_method(self, name):
+        compiled.append(name)
+        return torch.compile(getattr(self, name), backend="aot_eager")
+
+    monkeypatch.setattr(PrefixCacheMethods, "compiled_method", compiled_method)
+    out = tmp_path / "compiled.json"
+    try:
+        assert trace_driven.main(["replay", "--device", "cpu", "--eager-graphs", "--trace", str(trace), "--models",
+                                  "tiny-fast-dllm-v2", "--modes", "vanilla", "--override", TINY_AT_RECORD_SHAPE,
+                                  "--compile-writes", "--out", str(out)]) == 0
+    finally:
+        torch._dynamo.reset()
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["compile_writes"] is True and row["trace_reproduced"] is True
+    assert "prefill_static" in compiled  # the record's one block ends at its eos: no block write
