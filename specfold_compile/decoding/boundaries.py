@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..models.checks import loop_built_rows
 from .commit import block_finished, confidence
 
 __all__ = ["first_state", "seed_guess", "prefill", "write", "confirmed", "check_fuse_boundaries", "fuses_prefill"]
@@ -74,12 +75,15 @@ def prefill(model, layout, writes: dict, fuse: bool, B: int, mask_id: int, devic
 def write(model, cache, block: torch.Tensor, graphs, compile_writes: bool, next_block: torch.Tensor | None,
           device) -> tuple[object, Verified]:
     """A finished block's write (replayed or launched in place through ``graphs`` when given), verifying
-    ``next_block`` (or None) in the same pass."""
+    ``next_block`` (or None) in the same pass. ``block`` (on the host or the device) holds the loop's own
+    tokens: written inside ``loop_built_rows()``, which skips the check of their ids (a host read)."""
     fuse = {} if next_block is None else {"next_block": next_block.to(device)}
-    if graphs is not None:
-        cache = graphs.write_block(cache, block.to(device), compile_writes, **fuse)
-    else:
-        cache = model.write_block(cache, block.to(device), **({"compiled": True} if compile_writes else {}), **fuse)
+    with loop_built_rows():
+        if graphs is not None:
+            cache = graphs.write_block(cache, block.to(device), compile_writes, **fuse)
+        else:
+            cache = model.write_block(cache, block.to(device), **({"compiled": True} if compile_writes else {}),
+                                      **fuse)
     return cache, None if next_block is None else (next_block, cache.next_block_logits)
 
 

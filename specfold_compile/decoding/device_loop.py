@@ -282,6 +282,7 @@ def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_b
         head = []
         verified = boundaries.confirmed(verified, x)
         guess = None
+        written = x  # a block finished at its first state is written from the host
         if not block_finished(x, mask_id, need, eos, start):
             decoder.buffers.load_block(x, start, need)
             n, done = 1, False
@@ -303,7 +304,8 @@ def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_b
                     if done:
                         break
                 n = 1 + rules.draft_budget
-            x = decoder.buffers.rows[0].cpu()  # the block's tokens, read at its end
+            written = decoder.buffers.rows[0]  # the block's tokens: written from the device, read for the output
+            x = written.cpu()
         blk = x[start:start + need].tolist()
         stop = eos is not None and eos in blk
         if stop:
@@ -315,7 +317,7 @@ def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_b
         if guessing:
             nxt = boundaries.seed_guess(model, guess is not None, mask_id if guess is None else guess, mask_id,
                                         min(B, max_new_tokens - len(out)), eos, B)
-        cache, verified = boundaries.write(model, cache, x, graphs, compile_writes, nxt, device)
+        cache, verified = boundaries.write(model, cache, written, graphs, compile_writes, nxt, device)
         nfe += 1
     result = GenerateResult(tokens=out, nfe=nfe, wall_time_s=time.perf_counter() - t0, steps=steps, mode=mode,
                             blocks=nblocks)

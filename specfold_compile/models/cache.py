@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .loop_built import in_loop_built_rows
+
 __all__ = ["PrefixCache", "PrefixCacheMethods", "block_causal_mask", "check_cache_owner"]
 
 
@@ -244,8 +246,9 @@ class PrefixCacheMethods:
 
     def check_block(self, cache: PrefixCache, block_tokens: Tensor, causal: bool | None = None,
                     compiled: bool = False) -> tuple[int, int, bool]:
-        """``write_block``'s argument checks (host reads included); returns the prefix length, the block
-        length and ``causal`` resolved from the family when None."""
+        """``write_block``'s argument checks (one host read, the ids' range, skipped inside
+        ``checks.loop_built_rows()``); returns the prefix length, the block length and ``causal`` resolved
+        from the family when None."""
         if not isinstance(block_tokens, Tensor) or block_tokens.dim() != 1 or block_tokens.dtype != torch.int64:
             raise TypeError("block_tokens: expected a 1-D int64 tensor")
         check_cache_owner(cache, self.model_uid)
@@ -260,7 +263,7 @@ class PrefixCacheMethods:
         if cache.device_length is not None and p + s > cache.capacity:
             raise ValueError(f"block_tokens: prefix length {p} + {s} tokens exceeds the static cache's capacity "
                              f"{cache.capacity}")
-        if s and (int(block_tokens.min()) < 0 or int(block_tokens.max()) >= self.config.vocab_size):
+        if s and not in_loop_built_rows() and bool(((block_tokens < 0) | (block_tokens >= self.config.vocab_size)).any()):
             raise ValueError(f"block_tokens: ids must lie in [0, {self.config.vocab_size})")
         return p, s, bool(causal)
 

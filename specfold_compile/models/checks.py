@@ -8,34 +8,20 @@ model rejects bad data exactly as the eager one does.
 The data checks read values back to the host: one synchronisation per forward. A decode loop whose steps
 build their rows on the device (``decoding.device_loop``: valid by construction, and tested to equal the
 Python loop's) runs its forwards inside ``loop_built_rows()``, which skips them, as a CUDA-graph capture
-does; the shape checks still run.
+does; the shape checks still run. Both decode loops write their finished blocks inside it too, which
+skips ``check_block``'s id check (the block's ids are the loop's own argmaxes).
 """
 
 from __future__ import annotations
-
-import contextlib
-import contextvars
-from typing import Iterator
 
 import torch
 from torch import Tensor
 
 from .cache import PrefixCache, check_cache_owner
 from .config import ModelConfig
+from .loop_built import in_loop_built_rows, loop_built_rows
 
-__all__ = ["check_input_shapes", "check_values", "validate_parents", "loop_built_rows"]
-
-_loop_built = contextvars.ContextVar("specfold_loop_built_rows", default=False)
-
-
-@contextlib.contextmanager
-def loop_built_rows() -> Iterator[None]:
-    """Inside it, ``check_values`` is skipped: the caller built the rows itself (module docstring)."""
-    token = _loop_built.set(True)
-    try:
-        yield
-    finally:
-        _loop_built.reset(token)
+__all__ = ["check_input_shapes", "check_values", "validate_parents", "loop_built_rows", "in_loop_built_rows"]
 
 
 def check_input_shapes(config: ModelConfig, model_uid: int, num_layers: int, tokens: Tensor, parents: Tensor,
@@ -72,7 +58,7 @@ def check_values(tokens: Tensor, parents: Tensor, logit_positions: Tensor | None
     """The data checks of ``check_inputs``: token ids in [0, vocab_size), parents in topological order,
     ``logit_positions`` in [0, N * B). One read back to the host for all of them; skipped while a CUDA
     graph is being captured (a read back is not allowed there) and inside ``loop_built_rows()``."""
-    if _loop_built.get() or (tokens.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if in_loop_built_rows() or (tokens.is_cuda and torch.cuda.is_current_stream_capturing()):
         return
     if parents.numel() == 0 or tokens.numel() == 0:
         validate_parents(parents)  # no rows: names parents; rows of width 0 hold no ids to check

@@ -8,6 +8,7 @@ import torch
 
 from specfold_compile.models import build
 from specfold_compile.models.cache import PrefixCache
+from specfold_compile.models.checks import loop_built_rows
 from specfold_compile.reference import folded_verify
 
 
@@ -141,6 +142,8 @@ def test_bad_prefill_and_write_block(setup):
             model.prefill(torch.tensor([1, bad_id]))
         with pytest.raises(ValueError, match=r"^block_tokens"):
             model.write_block(cache, torch.tensor([1, bad_id]))
+        with loop_built_rows():  # a decode loop's own block: its ids are not read back
+            assert model.check_block(cache, torch.tensor([1, bad_id]))[1] == 2
 
 
 def test_bad_logit_positions(setup):
