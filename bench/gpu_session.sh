@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|cli [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|shipped|trace_driven|cli [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -167,6 +167,21 @@ case "$part" in
                     done
                   done
                   python -m bench.plot "$OUT/batched.json" "$OUT"/rows"${rows}"_fast-dllm-v2-*.json ;;
+  shipped)        # whole decodes of the shipped model, every mode in one process (~2.5 min on an H100): the Python
+                  # loop with its prefill launched (generate(cuda_graphs=True) before prefills replayed), the Python
+                  # and device loops, block boundaries fused; ARGS go to bench.end_to_end (e.g. --compile-writes)
+                  modes=vanilla,spiffy_compiled_launched_prefill,specfold_launched_prefill,spiffy_compiled,specfold
+                  modes+=,spiffy_compiled_device,specfold_device,spiffy_compiled_device_fused,specfold_device_fused
+                  python -m bench.end_to_end --device cuda --limit 6 --repeats 3 --modes "$modes" \
+                    --out "$OUT/end_to_end.json" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt" ;;
+  trace_driven)   # whole decodes at the real shapes, trace-driven (.traces/trace_fused.pt: python -m bench.trace_driven
+                  # record --device cpu --limit 4 --fuse-boundaries --out .traces/trace_fused.pt, ~30 s on the CPU;
+                  # TRACE=... for another record); ~2.5 min at 1.5B, ~4 min at 7B on an H100; one shape per call or
+                  # TRACE_MODELS=...; ARGS go to the replay (e.g. --compile-writes)
+                  for m in ${TRACE_MODELS:-fast-dllm-v2-1.5b}; do
+                    python -m bench.trace_driven replay --trace "${TRACE:-.traces/trace_fused.pt}" --device cuda --models "$m" \
+                      --repeats 3 --out "$OUT/trace_$m.json" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
+                  done ;;
   cli)            # the command line on the GPU, from the source tree: `specfold generate` on the first
                   # demo problem, Spiffy and SpecFold, tau 0 and 0.1, launched, with --cuda-graphs and with
                   # --compile-writes (SpecFold); per run its rc, the md5 and first line of the text before the
