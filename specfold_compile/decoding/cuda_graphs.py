@@ -201,6 +201,8 @@ class VerifyGraphs:
             ids = prompt_ids.new_zeros(rows)  # the graph's input buffers: the rows and the prompt's length
             prompt_length = prompt_ids.new_zeros(1)
             mark_dynamic_keys(view)
+            if compiled:  # one compiled graph for every bucket
+                torch._dynamo.maybe_mark_dynamic(ids, 0)
 
             def call():
                 return run(view.keys, view.values, cache.device_length, ids, prompt_length, block_causal, next_rows)

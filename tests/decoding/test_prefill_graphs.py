@@ -113,3 +113,27 @@ def test_captured_prefill_matches_the_launched_prefill_on_cuda(model):
             torch.testing.assert_close(buf[:, :length], ref, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(got.next_logits, want.next_logits, atol=1e-4, rtol=1e-4)
     assert graphs.prefill_replays >= 1
+
+
+def test_compiled_prefill_compiles_once_for_every_bucket(model):
+    """``compiled=True`` (``generate(compile_writes=True)``): ``prefill_static`` through ``torch.compile``
+    (aot_eager here), one graph for every padded row count, the launched prefill's results."""
+    import torch._dynamo.testing
+
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    model.__dict__["_compiled_methods"] = {"prefill_static": torch.compile(model.prefill_static, backend=counter)}
+    g = torch.Generator().manual_seed(3)
+    try:
+        graphs = VerifyGraphs(model, replay="eager")
+        for length in (5, 20, 40, 70):  # buckets of 16, 32, 48 and 80 rows
+            ids = torch.randint(0, model.config.vocab_size, (length,), generator=g)
+            got = graphs.prefill(ids, 128, compiled=True)
+            want = model.prefill(ids)
+            torch.testing.assert_close(got.next_logits, want.next_logits)
+            for buf, ref in zip(got.keys, want.keys):
+                torch.testing.assert_close(buf[:, :length], ref)
+    finally:
+        model.__dict__.pop("_compiled_methods", None)
+        torch._dynamo.reset()
+    assert graphs.prefill_captures == 4 and counter.frame_count == 1
