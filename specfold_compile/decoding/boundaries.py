@@ -59,17 +59,17 @@ def prefill(model, layout, writes: dict, fuse: bool, B: int, mask_id: int, devic
     first = None
     if fuse and layout.head and layout.prefill_ids.numel():
         first = first_state(layout.head, None, B, mask_id)
-    if graphs is not None and graphs.capture_prefill:
-        cache = graphs.prefill(layout.prefill_ids, needed, layout.block_causal, bool(writes.get("compiled")),
-                               None if first is None else first.to(device))
+    nxt = None if first is None else first.to(device)
+    replayed = graphs is not None and graphs.capture_prefill
+    if replayed:
+        cache = graphs.prefill(layout.prefill_ids, needed, layout.block_causal, bool(writes.get("compiled")), nxt)
     else:
         kwargs = dict(writes, block_causal=True) if layout.block_causal else writes
-        cache = model.prefill(layout.prefill_ids, **kwargs, **({} if first is None else {"next_block": first.to(device)}))
-        if graphs is not None:
-            block_logits = cache.next_block_logits
-            cache = graphs.attach(cache, needed)
-            cache.next_block_logits = block_logits
-    return cache, None if first is None else (first, cache.next_block_logits)
+        cache = model.prefill(layout.prefill_ids, **kwargs, **({} if nxt is None else {"next_block": nxt}))
+    verified = None if first is None else (first, cache.next_block_logits)
+    if graphs is not None and not replayed:
+        cache = graphs.attach(cache, needed)
+    return cache, verified
 
 
 def write(model, cache, block: torch.Tensor, graphs, compile_writes: bool, next_block: torch.Tensor | None,

@@ -74,8 +74,8 @@ def prefill_rows_bucket(rows: int) -> int:
 
 @dataclass
 class _Graph:
-    tokens: Tensor           # [N, B] int64, the call's input buffers
-    parents: Tensor | None   # [N] (a block write: the next block's state [B] it verifies, or None)
+    tokens: Tensor           # [N, B] int64, the call's input buffers (a prefill: its padded rows [S])
+    parents: Tensor | None   # [N] (a write: the next block's state [B] it verifies, or None; a prefill: its length [1])
     positions: Tensor | None  # [M padded] or None (every position's logits)
     logits: Tensor           # the output buffer the replay writes
     replay: object           # () -> None

@@ -133,8 +133,7 @@ class PrefixCacheMethods:
         for name, flag in (("compiled", compiled), ("block_causal", block_causal)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
-        if prompt_ids.numel() and bool(((prompt_ids < 0) | (prompt_ids >= self.config.vocab_size)).any()):
-            raise ValueError(f"prompt_ids: ids must lie in [0, {self.config.vocab_size})")
+        self._check_ids("prompt_ids", prompt_ids)
         if prompt_ids.numel() > self.config.max_position_embeddings:
             raise ValueError(f"prompt_ids: {prompt_ids.numel()} tokens exceed "
                              f"max_position_embeddings={self.config.max_position_embeddings}")
@@ -263,9 +262,14 @@ class PrefixCacheMethods:
         if cache.device_length is not None and p + s > cache.capacity:
             raise ValueError(f"block_tokens: prefix length {p} + {s} tokens exceeds the static cache's capacity "
                              f"{cache.capacity}")
-        if s and not in_loop_built_rows() and bool(((block_tokens < 0) | (block_tokens >= self.config.vocab_size)).any()):
-            raise ValueError(f"block_tokens: ids must lie in [0, {self.config.vocab_size})")
+        if not in_loop_built_rows():
+            self._check_ids("block_tokens", block_tokens)
         return p, s, bool(causal)
+
+    def _check_ids(self, name: str, ids: Tensor) -> None:
+        """Every id of ``ids`` in the vocabulary (one host read, none for an empty tensor)."""
+        if ids.numel() and bool(((ids < 0) | (ids >= self.config.vocab_size)).any()):
+            raise ValueError(f"{name}: ids must lie in [0, {self.config.vocab_size})")
 
     def append_block(self, keys: list[Tensor], values: list[Tensor], block_tokens: Tensor, causal: bool,
                      next_block: Tensor | None = None

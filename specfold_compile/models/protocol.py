@@ -72,8 +72,8 @@ class DecodingModel(Protocol):
 class StaticCacheModel(DecodingModel, Protocol):
     """What ``VerifyGraphs`` calls besides ``DecodingModel``'s members (``BlockDiffusionLM`` documents
     each): a static copy of a prefill's cache, a block write's checks (and a fused next block's), its
-    tensor work on a static cache, an empty cache, a prompt's checks and its prefill into a static cache, and that tensor
-    work compiled with the default backend."""
+    tensor work on a static cache, an empty cache, a prompt's checks and its prefill into a static cache,
+    and that tensor work compiled with the default backend."""
 
     def write_block(self, cache: Any, block_tokens: Tensor, causal: bool | None = None,
                     compiled: bool = False, next_block: Tensor | None = None) -> Any: ...
