@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -231,7 +232,7 @@ def _targets(model, modes, device: str, tau: float) -> dict:
 
 
 def run(args) -> list[dict]:
-    from specfold_compile.decoding import VerifyGraphs, load_draft_graph
+    from specfold_compile.decoding import VerifyGraphs, generate, load_draft_graph
     from specfold_compile.loading import DEFAULT_MODEL_DIR, encode, load_model
     from specfold_compile.tasks import sample
 
@@ -271,7 +272,9 @@ def run(args) -> list[dict]:
         plain = {m: [] for m in modes}  # uninstrumented passes over the prompts, modes interleaved pass by pass
         for _ in range(args.repeats):
             for m in modes:
-                plain[m].append(_plain_pass(targets[m], prompts, graphs[m], kwargs[m], clock))
+                on = graphs[m] if graphs[m] is not None else False
+                plain[m].append(_plain_pass([functools.partial(generate, targets[m], p, cuda_graphs=on, **kwargs[m])
+                                             for p in prompts], clock))
         for m in modes:
             rows.append(_row(name, task, m, runs, warm_s[m], cuda, plain[m]))
             rows[-1].update(prefill="launched" if m in LAUNCHED_PREFILL or not cuda else "replayed",
@@ -280,13 +283,13 @@ def run(args) -> list[dict]:
     return rows
 
 
-def _plain_pass(target, prompts, graphs, kwargs, clock: _Clock) -> tuple[float, int]:
-    """(wall seconds, tokens) of ``generate`` on every prompt in turn as a user calls it (``tokens_per_s``)."""
-    from specfold_compile.decoding import generate
+def _plain_pass(decodes, clock: _Clock) -> tuple[float, int]:
+    """(wall seconds, tokens) of ``decodes`` (calls returning a ``GenerateResult``) run in turn, nothing
+    timed inside: a user's calls of ``generate`` (``tokens_per_s``)."""
     clock.sync()
     t0, tokens = time.perf_counter(), 0
-    for prompt in prompts:
-        tokens += len(generate(target, prompt, cuda_graphs=graphs if graphs is not None else False, **kwargs).tokens)
+    for decode in decodes:
+        tokens += len(decode().tokens)
     clock.sync()
     return time.perf_counter() - t0, tokens
 
@@ -356,8 +359,7 @@ def main(argv=None) -> int:
     unknown = sorted(set(args.modes) - set(SPECS))
     if unknown:
         ap.error(f"--modes: expected names among {list(MODES)}, a device mode's NAME_readK or a mode's NAME_fused or "
-                 f"NAME_launched_prefill, "
-                 f"got {unknown}")
+                 f"NAME_launched_prefill, got {unknown}")
     args.tasks = tuple(args.tasks.split(","))
     if args.repeats is None:
         args.repeats = 3 if args.device == "cuda" else 1

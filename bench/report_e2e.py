@@ -58,7 +58,8 @@ def render_end_to_end(data: dict) -> list[str]:
                         [[SHAPES.get(r["model"], r["model"]), r["task"], BOUNDARIES[r.get("fuse_boundaries") or False],
                           E2E_MODES[r["mode"]],
                           f"{r['tokens_per_s']:.0f}", _f(r["nfe"]), _f(r["step_ms"]), _f(r["host_ms"]),
-                          _f(r.get("prefill_ms")), _f(r["ttft_ms"], 1), _e2e_ratio(data, r), "yes" if r["trace_reproduced"] else "NO"]
+                          _f(r.get("prefill_ms")), _f(r["ttft_ms"], 1), _e2e_ratio(data, r),
+                          "yes" if r["trace_reproduced"] else "NO"]
                          for r in traced])
         lines += [""]
     shipped = [[r["task"], r["mode"], r.get("loop", ""), r.get("prefill", "launched"), f"{r['tokens_per_s']:.0f}",

@@ -33,6 +33,7 @@ an NLD model cannot replay such a record (it has no seed prediction, ``generate`
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import time
@@ -41,7 +42,7 @@ from pathlib import Path
 import torch
 
 from bench.common import check_output, write_json
-from bench.end_to_end import _Clock, _row, _targets, _timed_run
+from bench.end_to_end import _Clock, _plain_pass, _row, _targets, _timed_run
 
 MODES = ("vanilla", "spiffy", "spiffy_compiled", "specfold")
 RECORDED = {"vanilla": "vanilla", "spiffy": "spiffy", "spiffy_compiled": "spiffy", "specfold": "spiffy"}
@@ -155,15 +156,9 @@ def replay(args, trace: dict, name: str) -> list[dict]:
             out["reproduced"] = (out["tokens"] == table[torch.tensor(rec["tokens"], dtype=torch.long)].tolist()
                                  and out["nfe"] == rec["nfe"] and out["calls"] == _recorded_calls(rec["steps"]))
             return out
-        def plain_pass(idx: list[int]) -> tuple[float, int]:
-            """(wall seconds, tokens) of the prompts ``idx`` decoded in turn, nothing timed inside."""
-            clock.sync()
-            t0, tokens = time.perf_counter(), 0
-            for i in idx:
-                forcing.seek(*offsets[i])
-                tokens += len(_decode(targets[mode], mapped[i], kind, args, graph, trace=forcing, graphs=graphs).tokens)
-            clock.sync()
-            return time.perf_counter() - t0, tokens
+        def forced_decode(i: int):
+            forcing.seek(*offsets[i])
+            return _decode(targets[mode], mapped[i], kind, args, graph, trace=forcing, graphs=graphs)
 
         with forced_fold_masks(forcing.fold_masks):
             t0 = time.perf_counter()
@@ -174,7 +169,8 @@ def replay(args, trace: dict, name: str) -> list[dict]:
             by_task: dict[str, list[int]] = {}
             for i, p in enumerate(prompts):
                 by_task.setdefault(p["task"], []).append(i)
-            plain = {task: [plain_pass(idx) for _ in range(args.repeats)] for task, idx in by_task.items()}
+            plain = {task: [_plain_pass([functools.partial(forced_decode, i) for i in idx], clock)
+                            for _ in range(args.repeats)] for task, idx in by_task.items()}
         for task, idx in by_task.items():
             row = _row(name, task, mode, {mode: [runs[mode][i] for i in idx]}, warm_s, cuda, plain[task])
             row.update(trace_driven=True, fuse_boundaries=args.fuse_boundaries, compile_writes=args.compile_writes,
