@@ -31,7 +31,7 @@ from .cuda_graphs import VerifyGraphs
 from .defaults import CONFIDENCE_DTYPES, DEFAULTS
 from .device_loop import decode_on_device
 from .dynamic import mark_dynamic_shapes
-from .graph import build_drafts, default_draft_graph, load_draft_graph
+from .graph import build_drafts, default_graph, load_draft_graph
 from ..models.protocol import DecodingModel, VerifyForward
 from .prompt_layout import layout_prompt
 from .result import GenerateResult, StepStats, model_consts
@@ -368,7 +368,7 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
     B = int(model.config.block_size)
     graph = None
     if mode != "vanilla":
-        graph = load_draft_graph(default_draft_graph(B) if draft_graph is None else draft_graph, B)
+        graph = default_graph(B) if draft_graph is None else load_draft_graph(draft_graph, B)
     elif draft_graph is not None:
         load_draft_graph(draft_graph, B)  # still reject a malformed graph
     with torch.inference_mode():

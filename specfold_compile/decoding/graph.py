@@ -33,6 +33,7 @@ __all__ = [
     "load_draft_graph",
     "save_draft_graph",
     "default_draft_graph",
+    "default_graph",
     "build_drafts",
     "prune_nodes",
 ]
@@ -81,6 +82,26 @@ def _validated(graph: DraftGraph, block_size: int) -> DraftGraph:
     return load_draft_graph(graph.to_dict(), block_size)
 
 
+def _file_stamp(path) -> tuple[int, int] | None:
+    """(modification time in ns, size) of a draft graph's file, or None where it cannot be read (the
+    uncached path then raises its error)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+@functools.lru_cache(maxsize=16)
+def _loaded_file(path: str, block_size: int, mtime_ns: int, size: int) -> DraftGraph:
+    """``load_draft_graph`` of a file, read and validated once per path, block size and version of the
+    file (its modification time and size): a serving loop passes the same path on every call."""
+    graph = json_input.load_file(path, "draft_graph: file")
+    if not isinstance(graph, dict):
+        raise _err(f"expected a dict, a path or a DraftGraph, got {type(graph).__name__}")
+    return load_draft_graph(graph, block_size)
+
+
 def load_draft_graph(graph, block_size: int) -> DraftGraph:
     """Validate a draft graph given as a path (str / PathLike, JSON), a dict, or a ``DraftGraph``.
 
@@ -94,6 +115,9 @@ def load_draft_graph(graph, block_size: int) -> DraftGraph:
     if isinstance(graph, DraftGraph):
         return _validated(graph, block_size)
     if isinstance(graph, (str, os.PathLike)):
+        stamp = _file_stamp(graph)
+        if stamp is not None:
+            return _loaded_file(os.fspath(graph), block_size, *stamp)
         # json_input refuses absurd nesting up front (Python's parser would raise RecursionError)
         graph = json_input.load_file(graph, "draft_graph: file")
     if not isinstance(graph, dict):
@@ -202,6 +226,13 @@ def save_draft_graph(graph, path) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(d, f, indent=1)
         f.write("\n")
+
+
+@functools.lru_cache(maxsize=8)
+def default_graph(block_size: int) -> DraftGraph:
+    """``default_draft_graph(block_size)`` validated, once per block size (what ``generate`` decodes with
+    when given no graph)."""
+    return load_draft_graph(default_draft_graph(block_size), block_size)
 
 
 def default_draft_graph(block_size: int, max_level: int = 4, width: int = 4) -> dict:

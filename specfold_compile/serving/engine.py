@@ -27,9 +27,10 @@ from typing import Iterator
 
 import torch
 
-from ..decoding import DEFAULTS, default_draft_graph, load_draft_graph
+from ..decoding import DEFAULTS, load_draft_graph
 from ..decoding.commit import confidence
 from ..decoding.defaults import CONFIDENCE_DTYPES
+from ..decoding.graph import default_graph
 from ..decoding.specfold import check_tau
 from ..reference import gate_count
 from .compiled import check_compile_layers, compiled_model
@@ -114,7 +115,7 @@ class Engine:
         block = int(model.config.block_size)
         self.graph = None
         if mode != "vanilla":
-            self.graph = load_draft_graph(default_draft_graph(block) if draft_graph is None else draft_graph, block)
+            self.graph = default_graph(block) if draft_graph is None else load_draft_graph(draft_graph, block)
         elif draft_graph is not None:
             load_draft_graph(draft_graph, block)  # still reject a malformed graph
         self.mode, self.confidence_dtype, self.max_waiting = mode, confidence_dtype, max_waiting

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ from hypothesis import given, settings, strategies as hs
 from specfold_compile.decoding import (
     DraftGraph, build_drafts, default_draft_graph, load_draft_graph, prune_nodes, save_draft_graph,
 )
+from specfold_compile.decoding.graph import default_graph
 
 
 @pytest.mark.parametrize("B", [2, 4, 8, 16, 32])
@@ -40,6 +42,26 @@ def test_a_draft_graph_is_validated_once_per_value():
     for _ in range(2):  # a failed validation is not remembered
         with pytest.raises(ValueError, match="draft_graph"):
             load_draft_graph(bad, 16)
+
+
+def test_a_graph_file_is_read_once_per_version(tmp_path):
+    p = tmp_path / "g.json"
+    save_draft_graph(default_draft_graph(16), p)
+    first = load_draft_graph(p, 16)
+    assert load_draft_graph(str(p), 16) is first  # the same file unchanged: the first load's result
+    smaller = load_draft_graph({**default_draft_graph(16), "nodes": default_draft_graph(16)["nodes"][:2]}, 16)
+    save_draft_graph(smaller, p)
+    os.utime(p, ns=(1, 1))  # a new version, whatever the file system's time resolution
+    assert load_draft_graph(p, 16) == smaller != first
+    p.write_text("{not json")
+    for _ in range(2):  # a failed load is not remembered
+        with pytest.raises(ValueError, match="not valid JSON"):
+            load_draft_graph(p, 16)
+
+
+def test_default_graph_is_the_default_draft_graph_validated_once():
+    assert default_graph(16) == load_draft_graph(default_draft_graph(16), 16)
+    assert default_graph(16) is default_graph(16)
 
 
 def test_listed_parents_and_dag():
