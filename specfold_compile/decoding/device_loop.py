@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from ..models.checks import loop_built_rows
@@ -61,23 +62,25 @@ class StepBuffers:
         self.rows = parts[0].view(rows, block)
         self.parents, self.n_rows, self.info, self.status, outcomes, self.cursor = parts[1:]
         self.outcomes = outcomes.view(steps_per_read, _STATUS + rows)
-        self._layout = padded
         # load_block's staging buffer: pinned on CUDA, so its copy is queued without a host wait (the
-        # previous one has finished by then: the host read a step's status word after it)
+        # previous one has finished by then: the host read a step's status word after it); written through
+        # numpy views, a microsecond an assignment where a torch op on the host costs several
         self._host = torch.zeros(self.flat.shape, dtype=torch.long, pin_memory=device.type == "cuda")
+        self._host_np = self._host.numpy()
+        starts = np.cumsum([0] + padded[:-1])
+        host_rows, self._host_parents, self._host_n_rows, self._host_info = (
+            self._host_np[at:at + size] for at, size in zip(starts[:4], sizes))
+        self._host_rows = host_rows.reshape(rows, block)
 
     def load_block(self, state: torch.Tensor, start: int, need: int) -> None:
         """A block's first state [B] (a CPU tensor): every row that state, parents [-1, 0, ...], one real
         row, the status word cleared; one host-to-device copy."""
-        r = self.rows_n
-        host = self._host
-        host.zero_()
-        rows, parents, n_rows, info, *_ = host.split(self._layout)
-        rows[:r * self.block] = state.repeat(r)
-        parents[0] = -1
-        n_rows[0] = 1
-        info[0], info[1] = start, need
-        self.flat.copy_(host, non_blocking=True)
+        self._host_np.fill(0)
+        self._host_rows[:] = state.numpy()
+        self._host_parents[0] = -1
+        self._host_n_rows[0] = 1
+        self._host_info[:] = start, need
+        self.flat.copy_(self._host, non_blocking=True)
 
 
 def gated_step(conf: torch.Tensor, tok: torch.Tensor, rows: torch.Tensor, parents: torch.Tensor, n_rows: torch.Tensor,
