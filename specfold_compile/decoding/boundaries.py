@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..models.checks import loop_built_rows
-from .commit import block_finished, confidence
+from .commit import block_finished, next_token
 
 __all__ = ["first_state", "seed_guess", "prefill", "write", "confirmed", "check_fuse_boundaries", "fuses_prefill"]
 
@@ -35,7 +35,7 @@ def first_state(head: list[int], cache, B: int, mask_id: int) -> torch.Tensor:
     X = torch.full((B,), mask_id, dtype=torch.long)
     X[:len(head)] = torch.tensor(head, dtype=torch.long)
     if not head:
-        X[0] = int(confidence(cache.next_logits, mask_id)[1])
+        X[0] = int(next_token(cache.next_logits, mask_id))
     return X
 
 

@@ -13,6 +13,7 @@ import torch
 
 __all__ = [
     "confidence",
+    "next_token",
     "window_positions",
     "commit",
     "commit_positions",
@@ -56,6 +57,15 @@ def confidence(logits: torch.Tensor, mask_id: int | None = None, dtype: str = "f
     mx = torch.gather(lf, -1, tok.unsqueeze(-1)).squeeze(-1)
     conf = torch.exp(mx - lse)  # = softmax(logits.float())[tok]
     return conf, tok
+
+
+def next_token(logits: torch.Tensor, mask_id: int | None = None) -> torch.Tensor:
+    """The token ``confidence(logits, mask_id)`` picks (the argmax over the last dim, the mask token
+    excluded, ties to the lowest id) without its probability: a block's seed needs the token only, and
+    this is three kernels where ``confidence`` launches seven. The argmax runs in the logits' own dtype,
+    whose order the float32 copy keeps exactly."""
+    excluded = mask_id is not None and 0 <= mask_id < logits.shape[-1]
+    return torch.argmax(_without(logits, mask_id) if excluded else logits, dim=-1)
 
 
 def _without(logits: torch.Tensor, token: int) -> torch.Tensor:

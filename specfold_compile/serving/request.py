@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..decoding import DEFAULTS, GenerateResult, StepStats, build_drafts, layout_prompt
-from ..decoding.commit import block_finished, confidence
+from ..decoding.commit import block_finished, next_token
 from ..decoding.decoder import _Scoring, _validate, commit_and_accept
 from ..decoding.device_step import STATUS_FIELDS
 
@@ -29,7 +29,7 @@ __all__ = ["RequestParams", "RequestDecode", "seed_tokens"]
 def seed_tokens(next_logits: torch.Tensor, mask_id: int) -> list[int]:
     """The position-0 token of each next block from its logits ``[n, V]`` (a prefill's or block write's
     ``next_logits``): the argmax with the mask excluded, as ``generate`` seeds a block; one host read."""
-    return confidence(next_logits, mask_id)[1].tolist()
+    return next_token(next_logits, mask_id).tolist()
 
 
 @dataclass(frozen=True)

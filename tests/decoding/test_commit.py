@@ -2,6 +2,7 @@ import torch
 from hypothesis import given, strategies as hs
 
 from specfold_compile.decoding import block_finished, commit, rank_masked_positions, window_positions
+from specfold_compile.decoding.commit import confidence, next_token
 
 M = 99  # mask id
 
@@ -89,3 +90,16 @@ def test_block_finished_after_the_prompt_tail():
 def test_block_finished_list_equals_tensor(tokens, need, eos, start):
     """Drafts check their states as lists: the same answer as the tensor form (mask id 3 here)."""
     assert block_finished(tokens, 3, need, eos, start) == block_finished(torch.tensor(tokens), 3, need, eos, start)
+
+
+@given(hs.integers(0, 2**31 - 1), hs.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       hs.integers(1, 40), hs.integers(-2, 45), hs.booleans())
+def test_next_token_is_the_token_confidence_picks(seed, dtype, vocab, mask_id, ties):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(3, 2, vocab, generator=g)
+    if ties:  # few distinct values: the argmax is decided among tied tokens (the lowest id wins)
+        logits = torch.randint(-2, 2, (3, 2, vocab), generator=g).float()
+    logits = logits.to(dtype)
+    for mask in (mask_id, None):
+        assert torch.equal(next_token(logits, mask), confidence(logits, mask)[1])
+        assert torch.equal(next_token(logits[0, 0], mask), confidence(logits[0, 0], mask)[1])
