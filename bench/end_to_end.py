@@ -316,7 +316,7 @@ def _row(name, task, mode, runs, warm_s, cuda, plain) -> dict:
         return None if None in values else statistics.mean(values)
 
     twin = HOST_TWIN.get(mode)
-    lossless = "vanilla" if "vanilla" in runs else twin
+    lossless = "vanilla" if "vanilla" in runs else twin if twin in runs else None  # the tokens to equal, if asked for
     return {"model": name, "task": task, "mode": mode, "tokens_per_s": plain_tokens / plain_wall,
             "instrumented_tokens_per_s": tokens / wall,
             "nfe": statistics.mean(r["nfe"] for r in per_prompt), "step_ms": per_step("step_ms"),

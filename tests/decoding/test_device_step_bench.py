@@ -60,3 +60,14 @@ def test_end_to_end_fused_boundaries(tmp_path):
     assert rows["spiffy_fused"]["tokens_match"] is None  # no vanilla row asked for: no reference
     assert {r["prefill"] for r in rows.values()} == {"launched"}  # the CPU has no graphs to replay it from
     assert rows["spiffy_launched_prefill"]["nfe"] == rows["spiffy"]["nfe"]
+
+
+def test_end_to_end_device_mode_alone(tmp_path):
+    """A device-loop mode asked for without vanilla or its Python-loop twin: a row with nothing to compare
+    its tokens with."""
+    out = tmp_path / "alone.json"
+    assert end_to_end.main(["--device", "cpu", "--limit", "1", "--tasks", "code", "--modes", "spiffy_device_fused",
+                            "--repeats", "1", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["mode"] == "spiffy_device_fused" and row["tokens_per_s"] > 0
+    assert row["tokens_match"] is None and row["host_twin"] is None and row["same_as_host_twin"] is None
