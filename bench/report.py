@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from bench.report_batched import render_batched, render_batched_headline, render_packed_rows
-from bench.report_e2e import render_decode_loop, render_e2e_headline, render_end_to_end
-from bench.tables import SHAPES
+from bench.report_e2e import E2E_SECTIONS, render_decode_loop, render_e2e_headline
+from bench.tables import SHAPES, Section
 from bench.tables import first_matching as _one, fmt as _f, markdown_table as _table, matching as _rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,15 +35,6 @@ PARTS = {"dense_gemm": "cuBLAS GEMMs", "rest(elementwise,norms)": "the rest (nor
 # per_check's drafts are built to reach these recompute ratios; the measured ratio of each is printed
 TARGET_RATIOS = (0.1, 0.25, 0.35, 0.5, 0.6)
 HEADLINE_RATIO = 0.25
-
-
-@dataclass(frozen=True)
-class Section:
-    title: str
-    path: str       # relative to bench/results/
-    command: str
-    what: str
-    render: Callable[[dict], list[str]]
 
 
 def _versions(data: dict) -> str:
@@ -245,49 +234,7 @@ SECTIONS = [
             "The call as `generate` makes it (rows and parents copied from the host, the masked positions' "
             "logits, their confidences copied back), random bf16 weights, a 512-token prefix in a static "
             "cache of 768 keys, ms, median of 20 calls.", render_decode_loop),
-    Section("Whole decodes, end to end", "h200/end_to_end.json",
-            "python -m bench.trace_driven record --device cpu --limit 4 [--grid | --fuse-boundaries] --out "
-            "TRACE.pt, then python -m bench.trace_driven replay --trace TRACE.pt --models MODEL --repeats 3 (one "
-            "run per shape and record; NLD-3B replays the --grid record, the fused rows the --fuse-boundaries "
-            "one); the shipped model's rows: python -m bench.end_to_end --device cuda --limit 8 "
-            "--repeats 2; merged with python -m bench.plot bench/results/h200/end_to_end.json RUN.json ...",
-            "Every forward, block write, copy and host step of a decode, CUDA graphs on, the device loop "
-            "(`generate(..., loop=\"device\")`); up to 96 new tokens, draft budget 16, tau 0.1. Trace-driven: "
-            "4 test problems a task, each timed 3 times (median) after a warm-up pass; the shipped model: 8 "
-            "a task, 2 times. Per task: tokens/s = all its problems' tokens over their wall time (prefill "
-            "included), NFE and TTFT (until the first block is committed) their means, step (a verification "
-            "step's wall time) and host (the part of it not covered by device work) means over all steps.",
-            render_end_to_end),
-    Section("Whole decodes with the prefill replayed (H100)", "h100/end_to_end.json",
-            "python -m bench.end_to_end --device cuda --limit 6 --repeats 3 --modes vanilla,"
-            "spiffy_compiled_launched_prefill,specfold_launched_prefill,spiffy_compiled,specfold,"
-            "spiffy_compiled_device,specfold_device,spiffy_compiled_device_fused,specfold_device_fused; python -m "
-            "bench.trace_driven record --device cpu --limit 4 --fuse-boundaries --out TRACE.pt, then python -m "
-            "bench.trace_driven replay --trace TRACE.pt --device cuda --models MODEL --repeats 3 (fast-dllm-v2-1.5b, "
-            "fast-dllm-v2-7b); merged with python -m bench.plot bench/results/h100/end_to_end.json RUN.json ...",
-            "As above, with the prompt's prefill replayed from a CUDA graph straight into the static cache "
-            "(`VerifyGraphs.prefill`, the default); `*_launched_prefill` modes launch it and copy it in, as "
-            "`generate(cuda_graphs=True)` did before. tokens/s here is the rate of `generate` called on every "
-            "problem in turn with nothing timed inside (the lower median of 3 passes); the other columns come "
-            "from instrumented passes (prefill: the prefill's wall time with its GPU work). The shipped model: 6 "
-            "test problems a task, every mode in one process; the trace-driven rows: the fused record (block "
-            "boundaries speculated), 4 problems a task. On the shipped model a step is a few hundred microseconds, "
-            "so the same point measured in two processes has differed by up to a third: compare rows of one "
-            "process. The replayed prefill runs the model's eager layers (`compile_writes=True` would compile "
-            "them; not measured here): at 1.5B a math prompt's, one block plus the verified first block, "
-            "takes 4.8 ms.", render_end_to_end),
-    Section("Steps launched ahead", "h100/steps_per_read.json",
-            "python -m bench.end_to_end --device cuda --limit 6 --repeats 2 --tasks math,instruct --modes "
-            "spiffy_compiled,specfold,spiffy_compiled_device,spiffy_compiled_device_read4,specfold_device,"
-            "specfold_device_read2,specfold_device_read4",
-            "`generate(..., loop=\"device\", steps_per_read=K)` (modes `*_readK`) launches K steps before the "
-            "host reads their outcomes; a step launched after its block's last one changes nothing but runs its "
-            "forward. The shipped model, CUDA graphs on, 6 test problems a task, 2 timed passes (median), draft "
-            "budget 16, tau 0.1, columns as above. Reading once every 2 or 4 steps leaves the host's time a step "
-            "where it was, so the read after each step costs little, and the forwards launched past a block's "
-            "end cost tokens/s: keep the default of 1. The host time left is highest on math, the task with the "
-            "fewest steps a decode, so it is spent once a decode or a block rather than once a step.",
-            render_end_to_end),
+    *E2E_SECTIONS,
     Section("Accuracy next to speed on the shipped model", "eval/eval.json",
             "specfold eval --tasks math,code,instruct --modes vanilla,spiffy,specfold --tau 0.1 --limit 100 "
             "--out bench/results/eval/eval.json",

@@ -1,11 +1,26 @@
 """The pieces every benchmark page renderer shares (``bench.report``, ``bench.report_batched``): the
-shapes' and modes' names in words, number cells, markdown tables and row selection."""
+shapes' and modes' names in words, a page's sections, number cells, markdown tables and row selection."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 SHAPES = {"fast-dllm-v2-1.5b": "1.5B", "fast-dllm-v2-7b": "7B", "nld-3b": "NLD-3B"}
 E2E_MODES = {"vanilla": "vanilla", "spiffy": "Spiffy, eager", "spiffy_compiled": "Spiffy, Inductor",
              "specfold": "SpecFold"}  # the end-to-end suite's modes, in its order
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section of docs/benchmarks.md: a title, the result file it renders, the command that made the
+    file, what the numbers are, and the renderer of its tables."""
+
+    title: str
+    path: str       # relative to bench/results/
+    command: str
+    what: str
+    render: Callable[[dict], list[str]]
 
 
 def fmt(x: float | None, digits: int = 2) -> str:
