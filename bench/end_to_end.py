@@ -34,12 +34,13 @@ in the device loop its bookkeeping, timed with CUDA events; CPU: the forward, ti
 the host's time on the critical path. ``outside_steps_ms`` (device loop): a decode's wall time outside
 its prefill, block writes and steps (each step's launch, wait and read), per decode: the setup, the
 seeds, the buffers' loads and the blocks' reads, which ``host_ms`` spreads over the steps.
-``prefill_ms`` (CUDA): the prompt's prefill per decode, with its GPU work. ``ttft_ms``: from the call to
-the first block's tokens. ``prefill``: ``"replayed"`` (CUDA: ``VerifyGraphs.prefill``) or ``"launched"``
-(the CPU, or a ``_launched_prefill`` mode). ``trace_driven``: False, every number is measured decoding (no
-replayed trace). ``tokens_match``: the mode's tokens equal vanilla's, prompt for prompt (lossless);
-``same_as_host_twin``: a device-loop mode's tokens and forwards equal those of the same decoding in
-the Python loop.
+``prefill_ms`` (CUDA): the prompt's prefill per decode, with its GPU work. ``gc_ms`` and
+``gc_collections``: the garbage collector's pauses in a decode (a part of the host's time that is not
+the loop's own work). ``ttft_ms``: from the call to the first block's tokens. ``prefill``:
+``"replayed"`` (CUDA: ``VerifyGraphs.prefill``) or ``"launched"`` (the CPU, or a ``_launched_prefill``
+mode). ``trace_driven``: False, every number is measured decoding (no replayed trace).
+``tokens_match``: the mode's tokens equal vanilla's, prompt for prompt (lossless); ``same_as_host_twin``:
+a device-loop mode's tokens and forwards equal those of the same decoding in the Python loop.
 
     python -m bench.end_to_end [--device cuda] [--limit 20] [--tasks math,code,instruct] [--modes ...]
 
@@ -60,6 +61,7 @@ from pathlib import Path
 
 import torch
 
+from bench.batched_clock import GcClock
 from bench.common import check_output, write_json
 
 from bench.end_to_end_modes import (AHEAD, CPU_MODES, FUSED, HOST_TWIN, LAUNCHED_PREFILL, MODES, SPECS,
@@ -187,6 +189,7 @@ def _timed_run(target, prompt, clock: _Clock, graphs, kwargs, decode=None) -> di
             return run
         target.prefill, graphs.prefill = timed(target.prefill), timed(graphs.prefill)
     ctx = _timed_graphs(graphs, clock) if graphs is not None else contextlib.nullcontext()
+    collector = GcClock()
     try:
         with ctx, _timed_steps(clock):
             t0 = time.perf_counter()
@@ -195,6 +198,7 @@ def _timed_run(target, prompt, clock: _Clock, graphs, kwargs, decode=None) -> di
             wall = time.perf_counter() - t0
             device_s = clock.device_s()
     finally:
+        gc_run = collector.read()
         if graphs is not None:
             del target.prefill, graphs.prefill
     steps = max(res.num_calls, 1)
@@ -208,7 +212,8 @@ def _timed_run(target, prompt, clock: _Clock, graphs, kwargs, decode=None) -> di
             "calls": [(s.branches, s.accepted, list(s.parents)) for s in res.steps],
             "step_ms": 1e3 * step_s, "host_ms": 1e3 * (step_s - device_s / steps), "ttft_ms": 1e3 * (first - t0),
             "outside_steps_ms": 1e3 * (wall - prefill_s - writes_s - clock.steps_s) if clock.steps_s else None,
-            "prefill_ms": 1e3 * prefill_s if graphs is not None else None}
+            "prefill_ms": 1e3 * prefill_s if graphs is not None else None,
+            "gc_ms": 1e3 * gc_run["gc_s"], "gc_collections": gc_run["gc_collections"]}
 
 
 def _targets(model, modes, device: str, tau: float) -> dict:
@@ -322,6 +327,7 @@ def _row(name, task, mode, runs, warm_s, cuda, plain) -> dict:
             "nfe": statistics.mean(r["nfe"] for r in per_prompt), "step_ms": per_step("step_ms"),
             "host_ms": per_step("host_ms"), "ttft_ms": statistics.mean(r["ttft_ms"] for r in per_prompt),
             "outside_steps_ms": mean_of("outside_steps_ms"), "prefill_ms": mean_of("prefill_ms"),
+            "gc_ms": mean_of("gc_ms"), "gc_collections": mean_of("gc_collections"),
             "trace_driven": False, "cuda_graphs": cuda, "loop": SPECS[mode][1], "steps_per_read": steps_per_read(mode),
             "fuse_boundaries": fuse_boundaries(mode),
             "prompts": len(per_prompt),

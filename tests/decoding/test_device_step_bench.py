@@ -21,6 +21,7 @@ def test_end_to_end_on_the_cpu(tmp_path, capsys):
         assert r["tokens_per_s"] > 0 and r["step_ms"] > 0 and r["ttft_ms"] > 0 and r["nfe"] >= 1
         assert r["instrumented_tokens_per_s"] > 0
         assert r["tokens_match"] is True
+        assert r["gc_ms"] >= 0 and r["gc_collections"] >= 0
     for mode in ("vanilla_device", "spiffy_device"):
         assert rows[mode]["same_as_host_twin"] is True
         assert 0 < rows[mode]["outside_steps_ms"] < rows[mode]["ttft_ms"] * rows[mode]["nfe"]
@@ -71,3 +72,24 @@ def test_end_to_end_device_mode_alone(tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["mode"] == "spiffy_device_fused" and row["tokens_per_s"] > 0
     assert row["tokens_match"] is None and row["host_twin"] is None and row["same_as_host_twin"] is None
+
+
+def test_a_decode_counts_the_collectors_pauses():
+    """``gc_ms`` / ``gc_collections``: the collections that run inside a timed decode, and only those."""
+    import gc
+    import types
+
+    from specfold_compile.decoding.result import GenerateResult
+
+    def decode(model, prompt, cuda_graphs=None, **_):
+        for _ in range(3):
+            gc.collect()
+        return GenerateResult(tokens=[1], nfe=1, wall_time_s=0.0)
+
+    model = types.SimpleNamespace(config=None, prefill=None, write_block=None)  # nothing of it is called
+    gc.collect()  # outside: not counted
+    run = end_to_end._timed_run(model, None, end_to_end._Clock(False), None, {}, decode=decode)
+    assert run["gc_collections"] == 3 and run["gc_ms"] > 0
+    gc.collect()
+    assert end_to_end._timed_run(model, None, end_to_end._Clock(False), None, {},
+                                 decode=lambda *a, **k: GenerateResult([1], 1, 0.0))["gc_collections"] == 0
