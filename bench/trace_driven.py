@@ -171,6 +171,9 @@ def replay(args, trace: dict, name: str) -> list[dict]:
                 by_task.setdefault(p["task"], []).append(i)
             plain = {task: [_plain_pass([functools.partial(forced_decode, i) for i in idx], clock)
                             for _ in range(args.repeats)] for task, idx in by_task.items()}
+            if args.profile:
+                _profiled_pass([functools.partial(forced_decode, i) for i in range(len(prompts))], clock,
+                               Path(args.profile) / f"prof_{name}_{mode}.txt")
         for task, idx in by_task.items():
             row = _row(name, task, mode, {mode: [runs[mode][i] for i in idx]}, warm_s, cuda, plain[task])
             row.update(trace_driven=True, fuse_boundaries=args.fuse_boundaries, compile_writes=args.compile_writes,
@@ -183,6 +186,28 @@ def replay(args, trace: dict, name: str) -> list[dict]:
         if cuda:
             torch.cuda.empty_cache()
     return rows
+
+
+def _profiled_pass(decodes, clock, path: Path) -> None:
+    """One more plain pass of ``decodes`` under cProfile, its heaviest functions by own and by cumulative
+    time written to ``path``: where the host's time goes in a mode's decodes (CUDA waits included, in the
+    calls that wait)."""
+    import cProfile
+    import io
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        _plain_pass(decodes, clock)
+    finally:
+        profile.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profile, stream=text)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(60)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text.getvalue())
 
 
 def _recorded_calls(steps) -> list[tuple[int, int, list[int]]]:
@@ -248,6 +273,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eager-graphs", action="store_true", help="replay on the CPU: VerifyGraphs(replay='eager')")
     ap.add_argument("--compile-writes", action="store_true",
                     help="the prefill and block writes through torch.compile (generate's compile_writes)")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="replay: one more plain pass a mode under cProfile, written to DIR/prof_MODEL_MODE.txt")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -37,6 +37,17 @@ def test_replay_reproduces_the_record(trace, tmp_path):
         assert r["tokens_per_s"] > 0 and r["step_ms"] > 0
 
 
+def test_replay_profile_writes_a_profile_a_mode(trace, tmp_path):
+    """``--profile DIR``: one more plain pass a mode under cProfile, the decode loop's functions in it."""
+    assert trace_driven.main(["replay", "--device", "cpu", "--eager-graphs", "--trace", str(trace),
+                              "--models", "tiny-fast-dllm-v2", "--modes", "vanilla,spiffy",
+                              "--override", TINY_AT_RECORD_SHAPE, "--profile", str(tmp_path / "prof"),
+                              "--out", str(tmp_path / "rows.json")]) == 0
+    for mode in ("vanilla", "spiffy"):
+        text = (tmp_path / "prof" / f"prof_tiny-fast-dllm-v2_{mode}.txt").read_text()
+        assert "decode_on_device" in text and "tottime" in text
+
+
 def test_replay_errors(trace, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         trace_driven.main(["replay", "--device", "cpu", "--trace", str(trace), "--override", "block_size=x"])
