@@ -139,10 +139,12 @@ E2E_SECTIONS = [
             "SpecFold against Spiffy under Inductor is 1.14x / 1.11x / 1.20x (math / code / instruct) here, "
             "1.08x / 1.07x / 1.19x with the eager writes above (another process). The compiles lengthen the "
             "warm-up: 187 s for the first mode, which compiles the prefill and writes the others reuse, against 7 s "
-            "with eager writes. In this process SpecFold's host share of a step is 22% / 20% / 7%, against 11% / "
-            "11% / 3% for Spiffy under Inductor: its time outside the steps is 0.80 / 0.90 / 1.43 ms a decode "
-            "against 0.37 / 0.48 / 0.87 ms, and its prefill's host part is longer too, with no device work to "
-            "explain it (in the run above the two modes' times outside the steps were within 0.05 ms). "
+            "with eager writes. SpecFold's instrumented passes were 12% / 11% / 4% slower than its plain ones, "
+            "the other modes' 0.6-2.7%: the host and prefill columns of its rows (a host share of 22% / 20% / 7%, "
+            "against 11% / 11% / 3% for Spiffy under Inductor) carry 0.9-1.7 ms a decode that its plain decodes do "
+            "not spend. Its plain decodes are 1.15 / 0.92 / 8.1 ms shorter than Spiffy's, close to what its steps' "
+            "device time saves (0.97 / 0.73 / 8.0 ms a decode), so its host time in a plain decode is about "
+            "Spiffy's; where the instrumented passes lose that time is not known. "
             "`compile_writes` stays off by default: like gpt-fast's `compile_prefill`, it trades minutes of "
             "compilation for faster decodes.", render_end_to_end),
     Section("Steps launched ahead", "h100/steps_per_read.json",
