@@ -31,7 +31,10 @@ the prefill (launched, or replayed into the static cache) and block writes taken
 its GPU work).
 ``host_ms``: the part of a step that is not the step's own device work (CUDA: the forward's graph, and
 in the device loop its bookkeeping, timed with CUDA events; CPU: the forward, timed on the host), i.e.
-the host's time on the critical path. ``outside_steps_ms`` (device loop): a decode's wall time outside
+the host's time on the critical path. ``plain_step_ms`` and ``plain_host_ms``: the same two from the
+uninstrumented passes (their wall time less the prefills and block writes that the instrumented passes
+timed, over the steps; less also the steps' device work), free of what the instrumentation costs the
+host. ``outside_steps_ms`` (device loop): a decode's wall time outside
 its prefill, block writes and steps (each step's launch, wait and read), per decode: the setup, the
 seeds, the buffers' loads and the blocks' reads, which ``host_ms`` spreads over the steps.
 ``prefill_ms`` (CUDA): the prompt's prefill per decode, with its GPU work. ``gc_ms`` and
@@ -213,6 +216,7 @@ def _timed_run(target, prompt, clock: _Clock, graphs, kwargs, decode=None) -> di
             "step_ms": 1e3 * step_s, "host_ms": 1e3 * (step_s - device_s / steps), "ttft_ms": 1e3 * (first - t0),
             "outside_steps_ms": 1e3 * (wall - prefill_s - writes_s - clock.steps_s) if clock.steps_s else None,
             "prefill_ms": 1e3 * prefill_s if graphs is not None else None,
+            "boundary_ms": 1e3 * (prefill_s + writes_s), "device_ms": 1e3 * device_s,
             "gc_ms": 1e3 * gc_run["gc_s"], "gc_collections": gc_run["gc_collections"]}
 
 
@@ -309,6 +313,10 @@ def _row(name, task, mode, runs, warm_s, cuda, plain) -> dict:
     wall = sum(r["wall_s"] for r in per_prompt)
     plain_wall, plain_tokens = sorted(plain)[(len(plain) - 1) // 2]  # the lower median
     steps = sum(r["steps"] for r in per_prompt)
+    # the plain passes' steps: their wall time less the prefills and block writes (as the instrumented passes
+    # timed them, their device work included), and of that what the steps' device work does not cover
+    plain_step_ms = (1e3 * plain_wall - sum(r["boundary_ms"] for r in per_prompt)) / max(steps, 1)
+    plain_host_ms = plain_step_ms - sum(r["device_ms"] for r in per_prompt) / max(steps, 1)
 
     def first(m, key):
         return [reps[0][key] for reps in runs[m]]
@@ -325,7 +333,8 @@ def _row(name, task, mode, runs, warm_s, cuda, plain) -> dict:
     return {"model": name, "task": task, "mode": mode, "tokens_per_s": plain_tokens / plain_wall,
             "instrumented_tokens_per_s": tokens / wall,
             "nfe": statistics.mean(r["nfe"] for r in per_prompt), "step_ms": per_step("step_ms"),
-            "host_ms": per_step("host_ms"), "ttft_ms": statistics.mean(r["ttft_ms"] for r in per_prompt),
+            "host_ms": per_step("host_ms"), "plain_step_ms": plain_step_ms, "plain_host_ms": plain_host_ms,
+            "ttft_ms": statistics.mean(r["ttft_ms"] for r in per_prompt),
             "outside_steps_ms": mean_of("outside_steps_ms"), "prefill_ms": mean_of("prefill_ms"),
             "gc_ms": mean_of("gc_ms"), "gc_collections": mean_of("gc_collections"),
             "trace_driven": False, "cuda_graphs": cuda, "loop": SPECS[mode][1], "steps_per_read": steps_per_read(mode),

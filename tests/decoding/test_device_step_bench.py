@@ -22,6 +22,7 @@ def test_end_to_end_on_the_cpu(tmp_path, capsys):
         assert r["instrumented_tokens_per_s"] > 0
         assert r["tokens_match"] is True
         assert r["gc_ms"] >= 0 and r["gc_collections"] >= 0
+        assert r["plain_step_ms"] > 0 and r["plain_host_ms"] < r["plain_step_ms"]
     for mode in ("vanilla_device", "spiffy_device"):
         assert rows[mode]["same_as_host_twin"] is True
         assert 0 < rows[mode]["outside_steps_ms"] < rows[mode]["ttft_ms"] * rows[mode]["nfe"]
@@ -93,3 +94,18 @@ def test_a_decode_counts_the_collectors_pauses():
     gc.collect()
     assert end_to_end._timed_run(model, None, end_to_end._Clock(False), None, {},
                                  decode=lambda *a, **k: GenerateResult([1], 1, 0.0))["gc_collections"] == 0
+
+
+def test_plain_step_and_host_come_from_the_plain_passes():
+    """``plain_step_ms``: the plain passes' wall less the instrumented prefills and writes, over the steps;
+    ``plain_host_ms``: less also the steps' device work."""
+    def run(wall_s, steps, boundary_ms, device_ms):
+        return {"tokens": [1] * 10, "nfe": steps, "steps": steps, "wall_s": wall_s, "step_ms": 1.0, "host_ms": 0.5,
+                "ttft_ms": 1.0, "outside_steps_ms": None, "prefill_ms": None, "boundary_ms": boundary_ms,
+                "device_ms": device_ms, "gc_ms": 0.0, "gc_collections": 0, "calls": []}
+    runs = {"spiffy": [[run(0.020, 4, 3.0, 8.0)] * 3, [run(0.030, 6, 5.0, 12.0)] * 3]}
+    plain = [(0.045, 20), (0.040, 20), (0.050, 20)]  # the lower median: 45 ms
+    row = end_to_end._row("m", "code", "spiffy", runs, 0.0, False, plain)
+    assert row["tokens_per_s"] == pytest.approx(20 / 0.045)
+    assert row["plain_step_ms"] == pytest.approx((45.0 - 3.0 - 5.0) / 10)
+    assert row["plain_host_ms"] == pytest.approx((45.0 - 3.0 - 5.0 - 8.0 - 12.0) / 10)
