@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from ..decoding.commit import block_finished, commit, confidence
+from ..decoding.commit import block_finished, commit, confidence, next_token
 from .layout import CLEAN_T, NOISY_A, PAD_T, block_attention_mask
 
 
@@ -93,7 +93,7 @@ def _decode_batch(model, prompts, mask_id, eos_id, pad_id, block, sub_block, thr
         # Fast-dLLM v2 shift: block position p reads the logit at p - 1, position 0 its own
         shifted = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         conf, tok = confidence(shifted.float(), mask_id)
-        _, seed = confidence(logits[:, -1].float(), mask_id)
+        seed = next_token(logits[:, -1], mask_id)
         conf, tok, seed = conf.cpu(), tok.cpu(), seed.cpu()
         for j, r in enumerate(act):
             r.nfe += 1
