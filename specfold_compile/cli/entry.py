@@ -24,6 +24,9 @@ def add_decoding_arguments(p) -> None:
                    help="verify each block's first state in the pass that writes the prefix before it "
                         "(generate(fuse_boundaries=True)): the same tokens, fewer forwards; "
                         "'--fuse-boundaries writes': the block writes only, not the prompt's prefill")
+    p.add_argument("--loop", choices=("host", "device"), default="host",
+                   help="each step's bookkeeping in Python (host) or as tensor ops on the model's device, one "
+                        "CUDA graph a step with --cuda-graphs (generate(loop='device')): the same tokens")
     add_cuda_graphs_argument(p)
 
 

@@ -38,7 +38,8 @@ def run_mode(model, prompt_ids, mode: str, args, specfold_model=None, graphs=Non
                     max_new_tokens=args.max_new_tokens, threshold=args.threshold,
                     draft_budget=args.draft_budget, draft_graph=resolve_draft_graph(args.model, args.draft_graph),
                     compile_writes=mode == "specfold" and getattr(args, "compile_writes", False),
-                    cuda_graphs=cuda_graphs, fuse_boundaries=getattr(args, "fuse_boundaries", False))
+                    cuda_graphs=cuda_graphs, fuse_boundaries=getattr(args, "fuse_boundaries", False),
+                    loop=getattr(args, "loop", "host"))
 
 
 def warms_up(args) -> bool:

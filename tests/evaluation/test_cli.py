@@ -212,3 +212,15 @@ def test_generate_fuse_boundaries_flag(capsys):
         assert main(args + extra) == 0
         texts.append(capsys.readouterr().out.split("\nmode=")[0])
     assert texts[0] == texts[1] == texts[2]
+
+
+def test_generate_loop_flag(capsys):
+    """``--loop device`` decodes the text of the Python loop, with and without fused boundaries."""
+    args = ["generate", "--prompt", "3+4=", "--max-new-tokens", "40", "--mode", "spiffy"]
+    texts = []
+    for extra in ([], ["--loop", "device"], ["--loop", "device", "--fuse-boundaries"]):
+        assert main(args + extra) == 0
+        texts.append(capsys.readouterr().out.split("\nmode=")[0])
+    assert texts[0] == texts[1] == texts[2] and texts[0].strip()
+    with pytest.raises(SystemExit):
+        main(args + ["--loop", "gpu"])
