@@ -134,19 +134,20 @@ class _TimedModel:
 
 @contextlib.contextmanager
 def _timed_graphs(graphs, clock: _Clock):
-    """CUDA: the step replays of both loops (``VerifyGraphs.__call__``, ``DeviceDecoder._replay``) and
-    the block writes of ``graphs`` timed; restored afterwards."""
+    """CUDA: the step replays of both loops (``VerifyGraphs.__call__``, ``DeviceDecoder._replay`` and a
+    fused first step's ``_replay_first``) and the block writes of ``graphs`` timed; restored afterwards."""
     from specfold_compile.decoding.cuda_graphs import VerifyGraphs
     from specfold_compile.decoding.device_loop import DeviceDecoder
 
-    saved = VerifyGraphs.__call__, DeviceDecoder._replay
+    saved = VerifyGraphs.__call__, DeviceDecoder._replay, DeviceDecoder._replay_first
     VerifyGraphs.__call__ = clock.device_work(saved[0])
     DeviceDecoder._replay = clock.device_work(saved[1])
+    DeviceDecoder._replay_first = clock.device_work(saved[2])
     graphs.write_block = clock.write(type(graphs).write_block.__get__(graphs), first=True)
     try:
         yield
     finally:
-        VerifyGraphs.__call__, DeviceDecoder._replay = saved
+        VerifyGraphs.__call__, DeviceDecoder._replay, DeviceDecoder._replay_first = saved
         del graphs.write_block
 
 

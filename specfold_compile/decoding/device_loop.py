@@ -163,6 +163,11 @@ class DeviceDecoder:
         at once; returns the status word as ``step`` does."""
         if self.graphs is None:
             return self._settle_first(logits)[:_STATUS + 1].tolist()
+        self._replay_first(logits)
+        return self.buffers.status[:_STATUS + 1].tolist()
+
+    def _replay_first(self, logits: torch.Tensor) -> None:
+        """``first_step``'s graph (captured on first use) on ``logits``: device work only, no read."""
         replay = self.captured.get("first")
         if replay is None:
             self._first_logits = logits.clone()  # the graph's input buffer
@@ -176,7 +181,6 @@ class DeviceDecoder:
             self._first_logits.copy_(logits)
             replay()
             self.replays += 1
-        return self.buffers.status[:_STATUS + 1].tolist()
 
     def _settle_first(self, logits: torch.Tensor) -> torch.Tensor:
         if self.trace is not None:
