@@ -39,7 +39,7 @@ its prefill, block writes and steps (each step's launch, wait and read), per dec
 seeds, the buffers' loads and the blocks' reads, which ``host_ms`` spreads over the steps.
 ``prefill_ms`` (CUDA): the prompt's prefill per decode, with its GPU work. ``gc_ms`` and
 ``gc_collections``: the garbage collector's pauses in a decode (a part of the host's time that is not
-the loop's own work). ``ttft_ms``: from the call to the first block's tokens. ``prefill``:
+the loop's own work; ``--freeze-gc`` freezes what is alive after the warm-up, as a serving process may). ``ttft_ms``: from the call to the first block's tokens. ``prefill``:
 ``"replayed"`` (CUDA: ``VerifyGraphs.prefill``) or ``"launched"`` (the CPU, or a ``_launched_prefill``
 mode). ``trace_driven``: False, every number is measured decoding (no replayed trace).
 ``tokens_match``: the mode's tokens equal vanilla's, prompt for prompt (lossless); ``same_as_host_twin``:
@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
 import json
 import os
 import statistics
@@ -65,7 +66,7 @@ from pathlib import Path
 import torch
 
 from bench.batched_clock import GcClock
-from bench.common import check_output, write_json
+from bench.common import check_output, freeze_collector, write_json
 
 from bench.end_to_end_modes import (AHEAD, CPU_MODES, FUSED, HOST_TWIN, LAUNCHED_PREFILL, MODES, SPECS,
                                     fuse_boundaries, steps_per_read)
@@ -274,6 +275,8 @@ def run(args) -> list[dict]:
             for prompt in prompts:
                 _timed_run(targets[m], prompt, clock, graphs[m], kwargs[m])
             warm_s[m] = time.perf_counter() - t0
+        if args.freeze_gc:
+            freeze_collector()
         runs = {m: [[] for _ in prompts] for m in modes}
         for _ in range(args.repeats):  # modes interleaved prompt by prompt: drift hits all alike
             for i, prompt in enumerate(prompts):
@@ -288,7 +291,7 @@ def run(args) -> list[dict]:
         for m in modes:
             rows.append(_row(name, task, m, runs, warm_s[m], cuda, plain[m]))
             rows[-1].update(prefill="launched" if m in LAUNCHED_PREFILL or not cuda else "replayed",
-                            compile_writes=args.compile_writes)
+                            compile_writes=args.compile_writes, freeze_gc=args.freeze_gc)
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -367,6 +370,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tau", type=float, default=0.1, help="SpecFold's fold threshold (0 folds nothing)")
     ap.add_argument("--compile-writes", action="store_true",
                     help="every mode's prefill and block writes through torch.compile (generate's compile_writes)")
+    ap.add_argument("--freeze-gc", action="store_true",
+                    help="gc.freeze() after the warm-up: the timed decodes' collections skip what is alive then")
     ap.add_argument("--out", default=None, help="the JSON file (default: $OUT/end_to_end.json, else ./end_to_end.json)")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -386,13 +391,16 @@ def main(argv=None) -> int:
     if args.device == "cpu":
         torch.set_num_threads(1)
     t0 = time.perf_counter()
-    with torch.inference_mode():
-        rows = run(args)
+    try:
+        with torch.inference_mode():
+            rows = run(args)
+    finally:
+        gc.unfreeze()
     write_json(Path(out), rows, {"suite": "end_to_end", "seconds": time.perf_counter() - t0,
                                  "setup": {"limit": args.limit, "repeats": args.repeats,
                                            "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
                                            "tau": args.tau, "device": args.device,
-                                           "compile_writes": args.compile_writes}})
+                                           "compile_writes": args.compile_writes, "freeze_gc": args.freeze_gc}})
     print(f"wrote {out}")
     return 0
 

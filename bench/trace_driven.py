@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import os
 import time
@@ -41,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import check_output, write_json
+from bench.common import check_output, freeze_collector, write_json
 from bench.end_to_end import _Clock, _plain_pass, _row, _targets, _timed_run
 
 MODES = ("vanilla", "spiffy", "spiffy_compiled", "specfold")
@@ -165,6 +166,8 @@ def replay(args, trace: dict, name: str) -> list[dict]:
             for i in range(len(prompts)):  # warm-up: compiles, captures, autotuning
                 run(i)
             warm_s = time.perf_counter() - t0
+            if args.freeze_gc:
+                freeze_collector()
             runs = {mode: [[run(i) for _ in range(args.repeats)] for i in range(len(prompts))]}
             by_task: dict[str, list[int]] = {}
             for i, p in enumerate(prompts):
@@ -177,6 +180,7 @@ def replay(args, trace: dict, name: str) -> list[dict]:
         for task, idx in by_task.items():
             row = _row(name, task, mode, {mode: [runs[mode][i] for i in idx]}, warm_s, cuda, plain[task])
             row.update(trace_driven=True, fuse_boundaries=args.fuse_boundaries, compile_writes=args.compile_writes,
+                       freeze_gc=args.freeze_gc,
                        loop="device", host_twin=None,
                        same_as_host_twin=None, tokens_match=None,
                        trace_reproduced=all(r["reproduced"] for i in idx for r in runs[mode][i]),
@@ -241,7 +245,10 @@ def run_command(ap, args, out: str, record, replay, suite: str, setup) -> int:
             ap.error("replay: --trace FILE expected (made by the record command)")
         trace = torch.load(args.trace, weights_only=False)
         args.max_new_tokens, args.draft_budget = trace["max_new_tokens"], trace["draft_budget"]
-        rows = [row for name in args.models.split(",") for row in replay(args, trace, name)]
+        try:
+            rows = [row for name in args.models.split(",") for row in replay(args, trace, name)]
+        finally:
+            gc.unfreeze()
     write_json(Path(out), rows, {"suite": suite, "seconds": time.perf_counter() - t0, "setup": setup(trace)})
     print(f"wrote {out}")
     return 0
@@ -273,6 +280,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eager-graphs", action="store_true", help="replay on the CPU: VerifyGraphs(replay='eager')")
     ap.add_argument("--compile-writes", action="store_true",
                     help="the prefill and block writes through torch.compile (generate's compile_writes)")
+    ap.add_argument("--freeze-gc", action="store_true",
+                    help="replay: gc.freeze() after each mode's warm-up (the timed decodes' collections skip it)")
     ap.add_argument("--profile", default=None, metavar="DIR",
                     help="replay: one more plain pass a mode under cProfile, written to DIR/prof_MODEL_MODE.txt")
     ap.add_argument("--out", default=None)
@@ -292,7 +301,7 @@ def main(argv=None) -> int:
         "trace": args.trace, "record_model": trace["model"], "tau": trace["tau"], "prompts": len(trace["prompts"]),
         "repeats": args.repeats, "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
         "fuse_boundaries": trace.get("fuse_boundaries", False), "device": args.device,
-        "compile_writes": args.compile_writes})
+        "compile_writes": args.compile_writes, "freeze_gc": args.freeze_gc})
 
 
 if __name__ == "__main__":

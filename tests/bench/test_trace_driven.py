@@ -1,5 +1,6 @@
 """bench.trace_driven: a record of the shipped model's decode, replayed on random models of both families
 at the record's block size, makes the recorded calls (every mode) and writes the end-to-end rows."""
+import gc
 import json
 
 import pytest
@@ -38,11 +39,14 @@ def test_replay_reproduces_the_record(trace, tmp_path):
 
 
 def test_replay_profile_writes_a_profile_a_mode(trace, tmp_path):
-    """``--profile DIR``: one more plain pass a mode under cProfile, the decode loop's functions in it."""
+    """``--profile DIR``: one more plain pass a mode under cProfile, the decode loop's functions in it;
+    ``--freeze-gc``: the rows say so, and the collector is unfrozen afterwards."""
     assert trace_driven.main(["replay", "--device", "cpu", "--eager-graphs", "--trace", str(trace),
                               "--models", "tiny-fast-dllm-v2", "--modes", "vanilla,spiffy",
                               "--override", TINY_AT_RECORD_SHAPE, "--profile", str(tmp_path / "prof"),
-                              "--out", str(tmp_path / "rows.json")]) == 0
+                              "--freeze-gc", "--out", str(tmp_path / "rows.json")]) == 0
+    rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    assert [r["freeze_gc"] for r in rows] == [True] * len(rows) and gc.get_freeze_count() == 0
     for mode in ("vanilla", "spiffy"):
         text = (tmp_path / "prof" / f"prof_tiny-fast-dllm-v2_{mode}.txt").read_text()
         assert "decode_on_device" in text and "tottime" in text

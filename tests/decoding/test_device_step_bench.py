@@ -109,3 +109,16 @@ def test_plain_step_and_host_come_from_the_plain_passes():
     assert row["tokens_per_s"] == pytest.approx(20 / 0.045)
     assert row["plain_step_ms"] == pytest.approx((45.0 - 3.0 - 5.0) / 10)
     assert row["plain_host_ms"] == pytest.approx((45.0 - 3.0 - 5.0 - 8.0 - 12.0) / 10)
+
+
+def test_freeze_gc_freezes_after_the_warm_up_and_unfreezes_at_the_end(tmp_path, monkeypatch):
+    import gc
+
+    frozen = []
+    monkeypatch.setattr(end_to_end, "freeze_collector", lambda: frozen.append(len(gc.get_objects())) or gc.freeze())
+    out = tmp_path / "frozen.json"
+    assert end_to_end.main(["--device", "cpu", "--limit", "1", "--tasks", "code", "--modes", "spiffy_device",
+                            "--freeze-gc", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert len(frozen) == 1 and data["setup"]["freeze_gc"] is True and data["rows"][0]["freeze_gc"] is True
+    assert gc.get_freeze_count() == 0  # undone when the run ends
