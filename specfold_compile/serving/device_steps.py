@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..decoding.cuda_graphs import record_call
+from ..decoding.graph_capture import record_call
 from ..decoding.device_step import (STATUS_FIELDS, CompiledStep, DraftTables, StepRules, prefix_of_drafts,
                                     step_from_confidences)
 from .forward import row_bounds

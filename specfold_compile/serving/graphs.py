@@ -56,7 +56,8 @@ from torch import Tensor
 
 from .. import ops
 from ..decoding.commit import confidence
-from ..decoding.cuda_graphs import REPLAYS, capture_call
+from ..decoding.cuda_graphs import REPLAYS
+from ..decoding.graph_capture import capture_call
 from ..models.layers import PositionTables
 from ..reference import FoldChains, chain_depth, check_gate, folded_layers, gate_count, packed_tables
 from .compiled import base_model, check_compile_layers, compiled_model
