@@ -96,10 +96,7 @@ def _file_stamp(path) -> tuple[int, int] | None:
 def _loaded_file(path: str, block_size: int, mtime_ns: int, size: int) -> DraftGraph:
     """``load_draft_graph`` of a file, read and validated once per path, block size and version of the
     file (its modification time and size): a serving loop passes the same path on every call."""
-    graph = json_input.load_file(path, "draft_graph: file")
-    if not isinstance(graph, dict):
-        raise _err(f"expected a dict, a path or a DraftGraph, got {type(graph).__name__}")
-    return load_draft_graph(graph, block_size)
+    return load_draft_graph(json_input.load_file(path, "draft_graph: file"), block_size)  # a non-dict: its error
 
 
 def load_draft_graph(graph, block_size: int) -> DraftGraph:
