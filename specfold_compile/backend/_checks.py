@@ -71,6 +71,19 @@ _CHECKS = {
 }
 
 
+def _fractions(label: str, value: Any) -> float | tuple[float, ...]:
+    """One fraction in [0, 1], or a non-empty sequence of them (a tuple: the settings stay hashable)."""
+    if _number(value) and 0.0 <= value <= 1.0:
+        return float(value)
+    if isinstance(value, (list, tuple)) and value and all(_number(v) and 0.0 <= v <= 1.0 for v in value):
+        return tuple(float(v) for v in value)
+    raise ValueError(f"{label}: expected a number in [0, 1] or a non-empty sequence of them (one a layer), "
+                     f"got {value!r}")
+
+
+_CHECKS["fractions"] = _fractions
+
+
 def check_value(label: str, value: Any, kind: str) -> Any:
     """``value`` checked as a ``kind`` (a key of ``_CHECKS``); errors name ``label``."""
     return _CHECKS[kind](label, value)

@@ -102,8 +102,12 @@ def cost_model_folds(n: int, block: int, weight_shapes: list[tuple[int, int]], r
     if n < 2:
         return False
     tuning = settings.tuning
-    saving = fold_ops.fold_saving_us(n * block, weight_shapes, tuning.dense_fraction, tuning.min_spill_us,
-                                     itemsize, costs=tuning)
+    # one head a layer: every region's linears (the decoder layers' shapes, alike) under each layer's head,
+    # averaged over the layers
+    fractions = [fold_ops.layer_dense_fraction(tuning.dense_fraction, i, regions) for i in range(regions)] or [
+        fold_ops.layer_dense_fraction(tuning.dense_fraction, 0, 1)]
+    saving = sum(fold_ops.fold_saving_us(n * block, weight_shapes, f, tuning.min_spill_us, itemsize, costs=tuning)
+                 for f in fractions) / len(fractions)
     return saving > tuning.fold_overhead_us * regions
 
 

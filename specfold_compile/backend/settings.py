@@ -82,7 +82,7 @@ class Tuning:
     max_planned_branches: int = _opt(128, "which calls fold", kind="int>=2", doc="""
         Dynamic-N graphs: which variants (folded, plain or both) to compile is decided over N = 2 .. this;
         beyond it a call runs whichever variant exists when its own decision's variant was not compiled.""")
-    dense_fraction: float = _opt(H200.dense_fraction, "packed linears", kind="fraction", doc="""
+    dense_fraction: float | tuple[float, ...] = _opt(H200.dense_fraction, "packed linears", kind="fractions", doc="""
         Packed linears (Triton kernels) hand their first max(dense_linear_min_rows, dense_fraction * R)
         packed rows (a multiple of dense_linear_row_multiple, at most R) to cuBLAS unconditionally;
         computed rows beyond that spill to the count-aware Triton GEMM, whose tiles past the device-side
@@ -91,7 +91,10 @@ class Tuning:
         kernels="torch". At 0.45 the head holds 159 of the 161 folded calls of the task suite at tau = 0.1
         (0.3: 141); against 0.3 it costs 0-12% at low ratios and saves 33-40% at ratios 0.34-0.44 (H200).
         0.2 (128 rows up to N = 20) is 6-14% faster up to N = 17 where the computed rows fit and 16-83%
-        slower where they do not.""")
+        slower where they do not. A sequence gives each decoder layer its own head, spread over the
+        depth (layer l of L takes entry l * len // L; the LM head's region the last): deeper layers
+        compute more rows, so a profile measured on the workload (``ops.fold_masks.dense_fractions``
+        over recorded fold masks) lets the shallow layers skip more.""")
     min_spill_us: float = _opt(H200.min_spill_us, "packed linears", kind="us", doc="""
         With Triton kernels, a packed linear skips its spill launch and gives cuBLAS every row when that
         is estimated (from the weight's shape and the roofline, gemm_bytes_per_s / gemm_flops_per_s) to

@@ -231,6 +231,15 @@ def dense_rows(rows: int, dense_fraction: float, weight_shape: tuple[int, int] |
     return head
 
 
+def layer_dense_fraction(dense_fraction: float | tuple[float, ...], layer: int, layers: int) -> float:
+    """The head fraction of gated region ``layer`` of ``layers``: ``dense_fraction`` itself, or for a
+    sequence (a profile over the depth) entry ``layer * len // layers``; a region past the layers (the
+    LM head's) takes the last entry."""
+    if not isinstance(dense_fraction, tuple):
+        return dense_fraction
+    return dense_fraction[min(layer * len(dense_fraction) // max(layers, 1), len(dense_fraction) - 1)]
+
+
 def fold_saving_us(rows: int, weight_shapes: list[tuple[int, int]], dense_fraction: float,
                    min_spill_us: float = 0.0, itemsize: int = 2, costs=H200) -> float:
     """Estimated microseconds the packed linears save on a graph of ``rows`` (= N * B) rows: cuBLAS on

@@ -86,13 +86,15 @@ def lower_kernels(gm: GraphModule, plan: RegionPlan, settings: Any) -> tuple[Gra
     graph = gm.graph
     impl = fold_impl(plan, settings)
     regions = []
-    for region in plan.regions:
+    layers = len(plan.layers)
+    for index, region in enumerate(plan.regions):  # the layers in order, then the LM head's region if any
         lowered: dict[Node, RowPlan] = {}
+        fraction = fold_ops.layer_dense_fraction(settings.dense_fraction, index, layers)
         for lin, rows in region.packed_linears:
             x, weight, bias = _linear_arguments(lin)
             with graph.inserting_before(lin):
                 packed = graph.call_function(fold_ops.PACKED_LINEAR, (), dict(
-                    x=x, weight=weight, bias=bias, count=rows.count, dense_fraction=settings.dense_fraction,
+                    x=x, weight=weight, bias=bias, count=rows.count, dense_fraction=fraction,
                     impl=impl, min_spill_us=settings.min_spill_us, **settings.tuning.packed_linear_args()))
             packed.meta.update(lin.meta)
             annotate(packed, region.label, "packed_linear")
@@ -112,7 +114,8 @@ def lower_kernels(gm: GraphModule, plan: RegionPlan, settings: Any) -> tuple[Gra
                 if not silu.users:
                     graph.erase_node(silu)
                 n_swiglu += 1
-        regions.append(rewritten(region, f"kernels={impl}, {len(lowered)} packed linears"
+        head = f" (cuBLAS head {fraction:g} of the rows)" if impl == "triton" and lowered else ""
+        regions.append(rewritten(region, f"kernels={impl}, {len(lowered)} packed linears{head}"
                                  + (f", {n_swiglu} packed SwiGLU" if n_swiglu else ""),
                                  packed_linears=tuple((p, rows) for p, rows in lowered.items())))
     return finish(gm), plan.with_regions(regions)
