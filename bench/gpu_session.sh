@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|shipped|trace_driven|cli [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|shipped|trace_driven|heads|cli [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -181,6 +181,16 @@ case "$part" in
                   for m in ${TRACE_MODELS:-fast-dllm-v2-1.5b}; do
                     python -m bench.trace_driven replay --trace "${TRACE:-.traces/trace_fused.pt}" --device cuda --models "$m" \
                       --repeats 3 --out "$OUT/trace_$m.json" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
+                  done ;;
+  heads)          # SpecFold with a cuBLAS head a layer (Tuning.dense_fraction as a profile, measured on a train-split
+                  # record) against the single default head, trace-driven (~5 min at 7B on an H100, eager writes).
+                  # The records first, on the CPU (~15 s each): python -m bench.trace_driven record --device cpu
+                  # --limit 4 --fuse-boundaries [--split train] --out .traces/trace_fused[_train].pt; carry .traces
+                  for m in ${TRACE_MODELS:-fast-dllm-v2-7b}; do
+                    python -m bench.trace_driven replay --trace "${TRACE:-.traces/trace_fused.pt}" --device cuda --models "$m" \
+                      --repeats 3 --modes spiffy_compiled,specfold,specfold_heads \
+                      --heads-from "${TRAIN_TRACE:-.traces/trace_fused_train.pt}" --out "$OUT/heads_$m.json" "${extra[@]}" \
+                      2>&1 | tee -a "$OUT/log.txt"
                   done ;;
   cli)            # the command line on the GPU, from the source tree: `specfold generate` on the first
                   # demo problem, Spiffy and SpecFold, tau 0 and 0.1, launched, with --cuda-graphs and with

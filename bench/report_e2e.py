@@ -7,6 +7,7 @@ from bench.tables import E2E_MODES, SHAPES, Section
 from bench.tables import first_matching as _one, fmt as _f, markdown_table as _table, matching as _rows
 
 _YES = {True: "yes", False: "NO", None: "-"}
+MODE_NAMES = {**E2E_MODES, "specfold_heads": "SpecFold, per-layer heads"}  # the tables' rows, on-request modes too
 BOUNDARIES = {False: "separate", True: "fused", "writes": "fused writes"}  # generate(fuse_boundaries=...) of a row
 
 
@@ -65,7 +66,7 @@ def render_end_to_end(data: dict) -> list[str]:
                          "host, plain passes (ms)", "prefill (ms)", "TTFT (ms)", "/ Spiffy, Inductor",
                          "trace reproduced"],
                         [[SHAPES.get(r["model"], r["model"]), r["task"], BOUNDARIES[r.get("fuse_boundaries") or False],
-                          E2E_MODES[r["mode"]],
+                          MODE_NAMES[r["mode"]],
                           f"{r['tokens_per_s']:.0f}", _f(r["nfe"]), _f(r["step_ms"]), _f(r["host_ms"]),
                           _f(r.get("plain_host_ms")), _f(r.get("prefill_ms")), _f(r["ttft_ms"], 1), _e2e_ratio(data, r),
                           "yes" if r["trace_reproduced"] else "NO"]
@@ -145,17 +146,32 @@ E2E_SECTIONS = [
             "The trace-driven 1.5B decodes of the section above with every mode's prompt prefill and block "
             "writes compiled by Inductor (`generate(..., compile_writes=True)`), one process, columns as above. "
             "The math prompt's prefill takes 2.7 ms instead of 4.8 ms, and whole decodes gain in every mode; "
-            "SpecFold against Spiffy under Inductor is 1.14x / 1.11x / 1.20x (math / code / instruct) here, "
+            "SpecFold against Spiffy under Inductor is 1.13x / 1.09x / 1.20x (math / code / instruct) here, "
             "1.08x / 1.07x / 1.19x with the eager writes above (another process). The compiles lengthen the "
-            "warm-up: 187 s for the first mode, which compiles the prefill and writes the others reuse, against 7 s "
-            "with eager writes. SpecFold's instrumented passes were 12% / 11% / 4% slower than its plain ones, "
-            "the other modes' 0.6-2.7%: the host and prefill columns of its rows (a host share of 22% / 20% / 7%, "
-            "against 11% / 11% / 3% for Spiffy under Inductor) carry 0.9-1.7 ms a decode that its plain decodes do "
-            "not spend. Its plain decodes are 1.15 / 0.92 / 8.1 ms shorter than Spiffy's, close to what its steps' "
-            "device time saves (0.97 / 0.73 / 8.0 ms a decode), so its host time in a plain decode is about "
-            "Spiffy's; where the instrumented passes lose that time is not known. "
+            "warm-up: 178 s for the first mode, which compiles the prefill and writes the others reuse, against 7 s "
+            "with eager writes. The instrumented passes ran 0.1-5.2% slower than the plain ones here (SpecFold's "
+            "0.1-2.5%); in other processes of this configuration SpecFold's ran up to 12% slower, so the host "
+            "share is taken from the plain passes: 4.9% / 6.1% / 2.6% of a SpecFold step (Spiffy under Inductor: "
+            "4.3% / 4.4% / 1.9%). "
             "`compile_writes` stays off by default: like gpt-fast's `compile_prefill`, it trades minutes of "
             "compilation for faster decodes.", render_end_to_end),
+    Section("Per-layer cuBLAS heads (H100)", "h100/heads.json",
+            "python -m bench.trace_driven record --device cpu --limit 4 --fuse-boundaries [--split train] --out "
+            "TRACE.pt (TRAIN.pt), then python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models "
+            "fast-dllm-v2-7b --repeats 3 --modes spiffy_compiled,specfold,specfold_heads --heads-from TRAIN.pt",
+            "The trace-driven 7B decodes (test-split record, eager prefill and writes), one process, columns as "
+            "above. `specfold_heads` gives each layer's packed linears their own cuBLAS head (`Tuning`'s "
+            "`dense_fraction` as a profile over the depth), measured on a record of train-split prompts "
+            "(`ops.fold_masks.dense_fractions`, quantile 0.9: 0.17 / 0.18 / 0.27 / 0.40 / 0.43 / 0.56 over the six "
+            "recorded gates), so a 17-branch call's 544 rows have heads of 128 rows in layers 0-9, 192 in 10-13, "
+            "256 in 14-23 and 320 in 24-27, against 256 in every layer at the default 0.45. On the H100 the "
+            "profile changes nothing measurable: steps take 5.37 / 5.54 / 8.47 ms against 5.29 / 5.57 / 8.68 ms "
+            "(math / code / instruct, instrumented), whole decodes 0.98x / 0.95x / 0.99x. By the roofline (about "
+            "3.35 TB/s and 990 TFLOP/s of dense bf16) 128 to 256 rows of the 7B weights sit near the H100's "
+            "ridge, where fewer rows save little; on the H200 (4.8 TB/s) a 7B layer's position-wise work takes "
+            "247 us at 128 rows against 316 at 256 (the packed-rows section), so the profile may pay there: not "
+            "measured. The default stays one number. SpecFold against Spiffy under Inductor at 7B on current "
+            "code: 1.25x / 1.21x / 1.50x.", render_end_to_end),
     Section("Steps launched ahead", "h100/steps_per_read.json",
             "python -m bench.end_to_end --device cuda --limit 6 --repeats 2 --tasks math,instruct --modes "
             "spiffy_compiled,specfold,spiffy_compiled_device,spiffy_compiled_device_read4,specfold_device,"

@@ -15,8 +15,11 @@ bookkeeping and writes. Each row says whether the replay reproduced the record's
     spiffy           the recorded Spiffy/SpecFold decode, the eager model (no folding)
     spiffy_compiled  the same calls, the model compiled by Inductor (dense)
     specfold         the same calls, the model compiled by the SpecFold backend, the recorded masks forced
+    specfold_heads   as specfold, each layer's packed linears with their own cuBLAS head (``Tuning``'s
+                     ``dense_fraction`` as a profile): ``fold_masks.dense_fractions`` over another
+                     record's masks (``--heads-from``, e.g. one of train-split prompts), at ``--heads-quantile``
 
-so the three speculative modes make exactly the same calls and differ only in how a call is computed.
+so the speculative modes make exactly the same calls and differ only in how a call is computed.
 The record's model has 6 layers: gate ``g`` of a real-shape model takes the recorded mask of gate
 ``g * 6 // layers``. The record is a Fast-dLLM v2 decode; a model of the other family (NLD-3B) lays a
 prompt out alike only when it fills whole blocks, so it replays a record made with ``--grid`` (prompts
@@ -26,8 +29,9 @@ an NLD model cannot replay such a record (it has no seed prediction, ``generate`
 ``bench.end_to_end``'s, with ``trace_driven`` True and ``fuse_boundaries`` from the record::
 
     python -m bench.trace_driven record --out TRACE.pt [--limit 4] [--tasks math,code,instruct] [--tau 0.1] [--grid]
-        [--fuse-boundaries [writes]]
+        [--fuse-boundaries [writes]] [--split test|train]
     python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models fast-dllm-v2-1.5b [--out FILE]
+        [--modes ...,specfold_heads --heads-from TRAIN_TRACE.pt [--heads-quantile 0.9]]
 """
 
 from __future__ import annotations
@@ -46,7 +50,9 @@ from bench.common import check_output, freeze_collector, write_json
 from bench.end_to_end import _Clock, _plain_pass, _row, _targets, _timed_run
 
 MODES = ("vanilla", "spiffy", "spiffy_compiled", "specfold")
-RECORDED = {"vanilla": "vanilla", "spiffy": "spiffy", "spiffy_compiled": "spiffy", "specfold": "spiffy"}
+ON_REQUEST = ("specfold_heads",)  # needs --heads-from
+RECORDED = {"vanilla": "vanilla", "spiffy": "spiffy", "spiffy_compiled": "spiffy", "specfold": "spiffy",
+            "specfold_heads": "spiffy"}
 
 
 def _decode(model, prompt, mode, args, graph, forward=None, trace=None, graphs=None):
@@ -76,7 +82,7 @@ def record(args) -> dict:
     folded = torch.compile(model, backend=SpecFoldBackend(tau=args.tau, kernels=kernels, fold_min_branches=2))
     prompts = []
     for task in args.tasks:
-        for problem in sample(task, "test", args.limit, 0):
+        for problem in sample(task, args.split, args.limit, 0):
             prompt = encode(model, problem.prompt)
             if args.grid:  # whole blocks: both families' layouts agree (decoding/prompt_layout.py)
                 pad = -prompt.numel() % cfg.block_size
@@ -94,7 +100,18 @@ def record(args) -> dict:
     return {"model": "specfold-tiny", "tau": args.tau, "max_new_tokens": args.max_new_tokens,
             "draft_budget": args.draft_budget, "layers": cfg.num_layers, "mask_token_id": cfg.mask_token_id,
             "eos_token_id": cfg.eos_token_id, "vocab_size": cfg.vocab_size, "block_size": cfg.block_size,
-            "family": cfg.family, "grid": args.grid, "fuse_boundaries": args.fuse_boundaries, "prompts": prompts}
+            "family": cfg.family, "grid": args.grid, "fuse_boundaries": args.fuse_boundaries, "split": args.split,
+            "prompts": prompts}
+
+
+def head_profile(trace: dict, quantile: float) -> tuple[float, ...]:
+    """``fold_masks.dense_fractions`` over every folded call of ``trace``'s speculative decodes: a head
+    fraction a recorded gate (the replay spreads them over its layers, as it does the masks)."""
+    from specfold_compile.ops.fold_masks import dense_fractions
+
+    pairs = [(g, step.masks[g]) for p in trace["prompts"] for step in p["spiffy"]["steps"]
+             if step.masks is not None for g in range(step.masks.shape[0])]
+    return dense_fractions(pairs, quantile=quantile)
 
 
 def token_map(trace: dict, cfg) -> torch.Tensor:
@@ -134,7 +151,10 @@ def replay(args, trace: dict, name: str) -> list[dict]:
     # the record's draft graph: each step builds its drafts (then replaced by the record's) as the record did
     graph = load_draft_graph(str(DEFAULT_MODEL_DIR / "draft_graph.json"), cfg.block_size)
     prompts = trace["prompts"]
-    targets = _targets(model, args.modes, args.device, trace["tau"])  # one compiled model per backend
+    targets = _targets(model, [m for m in args.modes if m not in ON_REQUEST], args.device, trace["tau"])
+    if "specfold_heads" in args.modes:  # a compiled model of its own: its graphs differ in the heads alone
+        targets["specfold_heads"] = torch.compile(model, backend="specfold", options={
+            "tau": trace["tau"], "dense_fraction": args.heads, **({} if cuda else {"kernels": "torch"})})
     rows, clock = [], _Clock(cuda)
     for mode in args.modes:
         kind = RECORDED[mode]
@@ -178,9 +198,13 @@ def replay(args, trace: dict, name: str) -> list[dict]:
                 _profiled_pass([functools.partial(forced_decode, i) for i in range(len(prompts))], clock,
                                Path(args.profile) / f"prof_{name}_{mode}.txt")
         for task, idx in by_task.items():
-            row = _row(name, task, mode, {mode: [runs[mode][i] for i in idx]}, warm_s, cuda, plain[task])
+            spec = "specfold" if mode in ON_REQUEST else mode  # the base mode, as bench.end_to_end names it
+            row = _row(name, task, spec, {spec: [runs[mode][i] for i in idx]}, warm_s, cuda, plain[task])
+            row["mode"] = mode
             row.update(trace_driven=True, fuse_boundaries=args.fuse_boundaries, compile_writes=args.compile_writes,
                        freeze_gc=args.freeze_gc,
+                       **({"dense_fraction": list(args.heads), "heads_from": args.heads_from,
+                           "heads_quantile": args.heads_quantile} if mode == "specfold_heads" else {}),
                        loop="device", host_twin=None,
                        same_as_host_twin=None, tokens_match=None,
                        trace_reproduced=all(r["reproduced"] for i in idx for r in runs[mode][i]),
@@ -261,7 +285,12 @@ def main(argv=None) -> int:
     ap.add_argument("command", choices=("record", "replay"))
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cuda", "cpu"))
     ap.add_argument("--trace", default=None, help="replay: the record to replay")
-    ap.add_argument("--limit", type=int, default=4, help="record: test-split prompts per task")
+    ap.add_argument("--limit", type=int, default=4, help="record: prompts per task")
+    ap.add_argument("--split", default="test", choices=("test", "train"), help="record: the task suite's split")
+    ap.add_argument("--heads-from", default=None, metavar="TRACE",
+                    help="replay: the record whose fold masks give specfold_heads its per-layer heads")
+    ap.add_argument("--heads-quantile", type=float, default=0.9,
+                    help="replay: the quantile of each gate's computed share that its head holds")
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--tau", type=float, default=0.1, help="record: SpecFold's fold threshold")
     ap.add_argument("--grid", action="store_true",
@@ -290,8 +319,16 @@ def main(argv=None) -> int:
         ap.error("--device cuda: no CUDA device here")
     args.tasks, args.modes = tuple(args.tasks.split(",")), tuple(args.modes.split(","))
     args.override = parse_override(ap, args.override)
-    if sorted(set(args.modes) - set(MODES)):
-        ap.error(f"--modes: expected names among {list(MODES)}, got {args.modes}")
+    if sorted(set(args.modes) - set(MODES) - set(ON_REQUEST)):
+        ap.error(f"--modes: expected names among {list(MODES + ON_REQUEST)}, got {args.modes}")
+    if ("specfold_heads" in args.modes) != (args.heads_from is not None):
+        ap.error("--heads-from: expected with the mode specfold_heads (and only with it)")
+    args.heads = None
+    if args.heads_from is not None:
+        try:
+            args.heads = head_profile(torch.load(args.heads_from, weights_only=False), args.heads_quantile)
+        except (OSError, ValueError) as e:
+            ap.error(f"--heads-from {args.heads_from}: {e}")
     if args.device == "cpu":
         torch.set_num_threads(1)
     default = "trace.pt" if args.command == "record" else "end_to_end_trace.json"
@@ -301,7 +338,8 @@ def main(argv=None) -> int:
         "trace": args.trace, "record_model": trace["model"], "tau": trace["tau"], "prompts": len(trace["prompts"]),
         "repeats": args.repeats, "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
         "fuse_boundaries": trace.get("fuse_boundaries", False), "device": args.device,
-        "compile_writes": args.compile_writes, "freeze_gc": args.freeze_gc})
+        "compile_writes": args.compile_writes, "freeze_gc": args.freeze_gc,
+        "heads_from": args.heads_from, "dense_fraction": list(args.heads) if args.heads else None})
 
 
 if __name__ == "__main__":

@@ -96,3 +96,37 @@ def test_compile_writes_replays_the_prefill_and_writes_compiled(trace, tmp_path,
     (row,) = json.loads(out.read_text())["rows"]
     assert row["compile_writes"] is True and row["trace_reproduced"] is True
     assert "prefill_static" in compiled  # the record's one block ends at its eos: no block write
+
+
+def test_heads_mode_takes_its_profile_from_another_record(trace, tmp_path, capsys):
+    """``specfold_heads`` with ``--heads-from``: the other record's per-gate profile
+    (``fold_masks.dense_fractions``) in its row and its backend's options, the recorded calls made."""
+    from specfold_compile.ops.fold_masks import dense_fractions
+
+    other = tmp_path / "train.pt"
+    assert trace_driven.main(["record", "--device", "cpu", "--limit", "1", "--tasks", "math", "--split", "train",
+                              "--max-new-tokens", "40", "--grid", "--out", str(other)]) == 0
+    recorded = torch.load(other, weights_only=False)
+    assert recorded["split"] == "train"
+    pairs = [(g, s.masks[g]) for p in recorded["prompts"] for s in p["spiffy"]["steps"] if s.masks is not None
+             for g in range(s.masks.shape[0])]
+    want = dense_fractions(pairs, quantile=0.5)
+    assert len(want) == recorded["layers"]
+    out = tmp_path / "rows.json"
+    assert trace_driven.main(["replay", "--device", "cpu", "--eager-graphs", "--trace", str(trace),
+                              "--models", "tiny-fast-dllm-v2", "--modes", "specfold,specfold_heads",
+                              "--heads-from", str(other), "--heads-quantile", "0.5",
+                              "--override", TINY_AT_RECORD_SHAPE, "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert [r["mode"] for r in rows] == ["specfold", "specfold_heads"]
+    assert all(r["trace_reproduced"] for r in rows) and rows[0]["nfe"] == rows[1]["nfe"]
+    assert "dense_fraction" not in rows[0]
+    assert rows[1]["dense_fraction"] == pytest.approx(list(want)) and rows[1]["heads_from"] == str(other)
+    for argv, match in ((["--modes", "specfold_heads"], "--heads-from: expected with the mode specfold_heads"),
+                        (["--heads-from", str(other)], "--heads-from: expected with the mode specfold_heads"),
+                        (["--modes", "specfold_heads", "--heads-from", str(tmp_path / "none.pt")], "--heads-from")):
+        with pytest.raises(SystemExit):
+            trace_driven.main(["replay", "--device", "cpu", "--trace", str(trace), *argv,
+                               "--out", str(tmp_path / "x.json")])
+        assert match in capsys.readouterr().err
