@@ -41,7 +41,9 @@ requests as slots) and at concurrency 1 (two requests; compiles happen there).
 
 ``--attention per_request,ragged`` replays every mode on each of the engine's attention paths (a row's
 ``attention``; the default, ``auto``, is the engine's own choice on ``--device``). ``--pool-tokens T`` sizes every pool slot for ``T`` positions (``pool_bytes`` reports
-it). ``--profile DIR`` serves each mode's largest concurrency once more (as many requests as slots)
+it). ``--freeze-gc`` moves everything alive after a mode's warm-up out of the garbage collector's sight
+(``gc.freeze()``, as a warm serving process may), so the timed runs' collections (a row's ``gc_s``) walk
+only what they allocate. ``--profile DIR`` serves each mode's largest concurrency once more (as many requests as slots)
 under ``torch.profiler`` and writes its operator table to DIR::
 
     python -m bench.batched record --out TRACE.pt [--limit 22] [--tasks math,code,instruct] [--no-eos-stop]
@@ -54,6 +56,7 @@ under ``torch.profiler`` and writes its operator table to DIR::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -65,7 +68,7 @@ import torch
 from bench.batched_capacity import add_capacity_arguments, fold_capacity, parse_capacity_arguments
 from bench.batched_clock import GcClock, PassClock, arrival_times, percentile
 from bench.batched_forcing import _Forcing, _Recording, _as, force_slots, forced_tensors
-from bench.common import check_output, write_profile
+from bench.common import check_output, freeze_collector, write_profile
 from bench.trace_driven import parse_override, run_command, token_map
 
 CONCURRENCY = (1, 4, 16, 64)
@@ -297,6 +300,8 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
             if graphs is not None:
                 graphs.pool.free_all()
     warm_s = time.perf_counter() - t0
+    if args.freeze_gc:
+        freeze_collector()
     for c in args.concurrency:
         n, compiled = max(args.requests, args.per_slot * c), _graphs_compiled()
         captured = graphs.captures if graphed else 0
@@ -320,12 +325,14 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
                "arrival": args.arrival if args.arrival == "closed" else f"poisson {args.rate:g}/s",
                "record": {"model": recorded_by, "mode": kind},
                "draft_budget": 0 if kind == "vanilla" else args.draft_budget,  # the record's (run_command)
-               "max_verify_rows": None if kind == "vanilla" else args.max_verify_rows}
+               "max_verify_rows": None if kind == "vanilla" else args.max_verify_rows, "freeze_gc": args.freeze_gc}
         if capacity is not None:
             row.update(fold_capacity=capacity[0], fold_shares=capacity[1], min_packed=args.min_packed,
                        capacity_spread=args.capacity_spread)
         rows.append(row)
         print(json.dumps(row), flush=True)
+    if args.freeze_gc:
+        gc.unfreeze()
     if args.profile:
         c = max(args.concurrency)
         write_profile(lambda: serve(model, kind, c, workload(c), args, cuda, attention, graphs, compile_layers, loop),
@@ -387,6 +394,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default=None, metavar="DIR",
                     help="replay: each mode's largest concurrency served once more under torch.profiler, its table "
                          "written to DIR")
+    ap.add_argument("--freeze-gc", action="store_true",
+                    help="replay: gc.freeze() after each mode's warm-up, undone after its timed runs (a row's freeze_gc)")
     ap.add_argument("--repeats", type=int, default=1, help="replay: timed runs a point, the median kept")
     ap.add_argument("--compile-backend", default="inductor",
                     help="replay: the *_compiled modes' Engine(compile_layers=...), a torch.compile backend")

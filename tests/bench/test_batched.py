@@ -262,6 +262,25 @@ def test_pool_tokens_size_the_pool_and_a_profile_is_written(trace, tmp_path):
     assert "Self CPU" in table and "aten::" in table
 
 
+def test_freeze_gc_freezes_for_the_timed_runs_only(trace, tmp_path, monkeypatch):
+    """``--freeze-gc``: the collector frozen after the warm-up, the rows say so, unfrozen afterwards."""
+    import gc
+
+    frozen_in_runs = []
+    real_serve = batched.serve
+
+    def watched(*a, **kw):
+        frozen_in_runs.append(gc.get_freeze_count() > 0)
+        return real_serve(*a, **kw)
+    monkeypatch.setattr(batched, "serve", watched)
+    data = _replay(trace, tmp_path / "f.json", "--modes", "vanilla", "--concurrency", "2", "--requests", "2",
+                   "--per-slot", "1", "--repeats", "2", "--freeze-gc")
+    (row,) = data["rows"]
+    assert row["freeze_gc"] is True and row["trace_reproduced"] is True
+    assert frozen_in_runs[-2:] == [True, True] and not frozen_in_runs[0]  # the warm-up ran unfrozen
+    assert gc.get_freeze_count() == 0
+
+
 def test_cuda_graphs_replay_the_record_and_lead_the_headline(short_trace, tmp_path):
     """``--cuda-graphs off,on``: the engine launched and replayed (``cuda_graphs="eager"`` on the CPU), both
     making the recorded calls; the README headline keeps the replayed rows only."""
