@@ -65,7 +65,8 @@ from pathlib import Path
 
 import torch
 
-from bench.batched_capacity import add_capacity_arguments, fold_capacity, parse_capacity_arguments
+from bench.batched_args import add_engine_arguments
+from bench.batched_capacity import fold_capacity, parse_capacity_arguments
 from bench.batched_clock import GcClock, PassClock, arrival_times, percentile
 from bench.batched_forcing import _Forcing, _Recording, _as, force_slots, forced_tensors
 from bench.common import check_output, freeze_collector, write_profile
@@ -376,29 +377,13 @@ def main(argv=None) -> int:
                     help="replay: and at least this many times the concurrency (each slot serves several in turn)")
     ap.add_argument("--arrival", default="closed", choices=("closed", "poisson"))
     ap.add_argument("--rate", type=float, default=None, help="--arrival poisson: requests per second")
-    ap.add_argument("--attention", default="auto",
-                    help="replay: the engine's attention paths, comma-separated (per_request, ragged; auto: the "
-                         "engine's own choice on --device, a row naming the path it took)")
-    ap.add_argument("--cuda-graphs", default="off", choices=("off", "on", "off,on"),
-                    help="replay: the engine's passes launched (off) or replayed from CUDA graphs (on; ragged "
-                         "attention only; 'off,on' both, a row's cuda_graphs says which)")
-    add_capacity_arguments(ap)
-    ap.add_argument("--loop", default="host", choices=("host", "device", "host,device"),
-                    help="replay: Engine(loop=...), where each step's bookkeeping runs ('host,device' both, a row's "
-                         "loop says which)")
-    ap.add_argument("--eager-step", action="store_true",
-                    help="replay --loop device: Engine(compile_step=False), the step's bookkeeping not compiled")
-    ap.add_argument("--pool-tokens", type=int, default=None,
-                    help="replay: each slot of the engine's KV pool holds this many positions (default: what the "
-                         "record's requests need)")
+    add_engine_arguments(ap)
     ap.add_argument("--profile", default=None, metavar="DIR",
                     help="replay: each mode's largest concurrency served once more under torch.profiler, its table "
                          "written to DIR")
     ap.add_argument("--freeze-gc", action="store_true",
                     help="replay: gc.freeze() after each mode's warm-up, undone after its timed runs (a row's freeze_gc)")
     ap.add_argument("--repeats", type=int, default=1, help="replay: timed runs a point, the median kept")
-    ap.add_argument("--compile-backend", default="inductor",
-                    help="replay: the *_compiled modes' Engine(compile_layers=...), a torch.compile backend")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
