@@ -20,11 +20,11 @@ from .compile import Rewrite, compile_graph, compile_with_record, run_passes
 from .dispatch import fold_launched_calls
 from .records import GraphRecord, PassRecord, RegionRecord, SpecFoldError, region_report
 from .recompile_limit import RecompileLimitError
-from .settings import SpecFoldSettings
+from .settings import SpecFoldSettings, Tuning
 from ..ops.stats import FoldStats, collect_stats
 
 __all__ = ["specfold_backend", "SpecFoldBackend", "GraphRecord", "PassRecord", "RegionRecord", "Rewrite",
-           "compile_graph", "run_passes", "region_report", "SpecFoldSettings", "SpecFoldError",
+           "compile_graph", "run_passes", "region_report", "SpecFoldSettings", "Tuning", "SpecFoldError",
            "RecompileLimitError", "collect_stats", "FoldStats", "fold_launched_calls", "invalid_parents_seen"]
 
 

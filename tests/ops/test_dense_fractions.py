@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from specfold_compile.backend import SpecFoldSettings, compile_graph, dispatch
-from specfold_compile.backend.settings import Tuning
+from specfold_compile.backend import Tuning  # the public path the guide names
 from specfold_compile.ops import fold_ops
 from specfold_compile.ops.fold_masks import dense_fractions, recorded_fold_masks
 from specfold_compile.testing import ModelSpec, capture_graph, make_cache, make_tree
