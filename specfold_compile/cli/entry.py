@@ -33,19 +33,26 @@ def add_decoding_arguments(p) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from .demo import cmd_demo  # noqa: PLC0415
     from .dump import check_dump_inputs, cmd_dump  # noqa: PLC0415
-    from .generate import cmd_generate  # noqa: PLC0415
+    from .generate import check_generate_inputs, cmd_generate  # noqa: PLC0415
 
     ap = argparse.ArgumentParser(prog="specfold", description="SpecFold: folded speculative verification "
                                  "for block-diffusion LMs", epilog=EPILOG)
     sub = ap.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("generate", help="decode one prompt and print text and statistics")
+    p = sub.add_parser("generate", help="decode one prompt and print text and statistics, or many prompts "
+                                        "together (--prompts-file) and print a JSON line each")
     add_decoding_arguments(p)
-    p.add_argument("--prompt", required=True)
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt")
+    prompt.add_argument("--prompts-file", metavar="FILE",
+                        help="JSON Lines, a prompt a line (a string, or an object with a \"prompt\" string): "
+                             "decoded together by the serving engine, each as it decodes alone")
+    p.add_argument("--max-requests", type=arguments.positive_int, default=None,
+                   help="--prompts-file: the engine's slots, the rest waiting their turn (default: every prompt)")
     p.add_argument("--mode", choices=("vanilla", "spiffy", "specfold"), default="spiffy")
     p.add_argument("--compile-writes", action="store_true",
                    help="specfold mode: also compile the prefill and block writes (torch.compile, default backend)")
-    p.set_defaults(fn=cmd_generate, check=arguments.check_model_inputs)
+    p.set_defaults(fn=cmd_generate, check=check_generate_inputs)
 
     p = sub.add_parser("demo", help="vanilla vs Spiffy vs SpecFold on the shipped model, one prompt per task; "
                                     "prints the committed GPU results next to its own")

@@ -1,4 +1,5 @@
-"""``specfold generate``: decode one prompt and print its text and statistics.
+"""``specfold generate``: decode one prompt and print its text and statistics (many prompts:
+``--prompts-file``, ``generate_batch.py``).
 
 What compiles (SpecFold's backend, ``--compile-writes``) or captures (``--cuda-graphs``) does so in a
 first run; the statistics and tokens/s are those of a second, warm run, and the first run's seconds are
@@ -13,6 +14,8 @@ import time
 import torch
 
 from ..eval.run import verify_graphs
+from .arguments import UsageError, check_model_inputs
+from .generate_batch import check_batch_arguments, cmd_generate_batch
 from ..loading import decode, encode, load_model, resolve_draft_graph
 
 
@@ -47,7 +50,19 @@ def warms_up(args) -> bool:
     return args.mode == "specfold" or args.cuda_graphs is not None
 
 
+def check_generate_inputs(args) -> None:
+    """Before anything loads: the model's inputs, and with ``--prompts-file`` the file and the options the
+    batched engine takes."""
+    check_model_inputs(args)
+    if args.prompts_file is not None:
+        check_batch_arguments(args)
+    elif args.max_requests is not None:
+        raise UsageError("--max-requests: only with --prompts-file (the engine's slots)")
+
+
 def cmd_generate(args) -> int:
+    if args.prompts_file is not None:
+        return cmd_generate_batch(args)
     model = load_model(args.model, device=args.device, chat_template=not args.no_chat_template)
     ids = encode(model, args.prompt).to(args.device)
     specfold_model = compiled(model, args.tau) if args.mode == "specfold" else None

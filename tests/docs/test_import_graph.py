@@ -9,7 +9,7 @@ PACKAGE = ROOT / "specfold_compile"
 # part -> the parts it imports (the drawn arrows and the ones the text under the picture lists)
 DOCUMENTED = {
     "testing": {"backend", "kernels", "models", "ops", "reference"},
-    "cli": {"backend", "decoding", "eval", "loading", "models", "tasks"},
+    "cli": {"backend", "decoding", "eval", "loading", "models", "serving", "tasks"},
     "eval": {"backend", "decoding", "loading", "reference", "tasks"},
     "training": {"decoding", "models", "tasks"},
     "serving": {"decoding", "models", "ops", "reference"},
