@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -103,11 +104,12 @@ def cost_model_folds(n: int, block: int, weight_shapes: list[tuple[int, int]], r
         return False
     tuning = settings.tuning
     # one head a layer: every region's linears (the decoder layers' shapes, alike) under each layer's head,
-    # averaged over the layers
-    fractions = [fold_ops.layer_dense_fraction(tuning.dense_fraction, i, regions) for i in range(regions)] or [
-        fold_ops.layer_dense_fraction(tuning.dense_fraction, 0, 1)]
-    saving = sum(fold_ops.fold_saving_us(n * block, weight_shapes, f, tuning.min_spill_us, itemsize, costs=tuning)
-                 for f in fractions) / len(fractions)
+    # averaged over the layers; each distinct head estimated once (one, for a single dense_fraction)
+    heads = Counter(fold_ops.layer_dense_fraction(tuning.dense_fraction, i, regions) for i in range(max(regions, 1)))
+    savings = {f: fold_ops.fold_saving_us(n * block, weight_shapes, f, tuning.min_spill_us, itemsize, costs=tuning)
+               for f in heads}
+    saving = (next(iter(savings.values())) if len(savings) == 1
+              else sum(heads[f] * s for f, s in savings.items()) / sum(heads.values()))
     return saving > tuning.fold_overhead_us * regions
 
 

@@ -14,9 +14,9 @@ import time
 import torch
 
 from ..eval.run import verify_graphs
+from ..loading import decode, encode, load_model, resolve_draft_graph
 from .arguments import UsageError, check_model_inputs
 from .generate_batch import check_batch_arguments, cmd_generate_batch
-from ..loading import decode, encode, load_model, resolve_draft_graph
 
 
 def compiled(model, tau: float, kernels: str = "auto"):
