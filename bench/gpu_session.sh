@@ -177,7 +177,7 @@ case "$part" in
   trace_driven)   # whole decodes at the real shapes, trace-driven (.traces/trace_fused.pt: python -m bench.trace_driven
                   # record --device cpu --limit 4 --fuse-boundaries --out .traces/trace_fused.pt, ~30 s on the CPU;
                   # TRACE=... for another record); ~2.5 min at 1.5B, ~4 min at 7B on an H100; one shape per call or
-                  # TRACE_MODELS=...; ARGS go to the replay (e.g. --compile-writes, --freeze-gc, --profile "$OUT")
+                  # TRACE_MODELS=...; ARGS go to the replay (e.g. --compile-writes, --freeze-gc, --all-logits, --profile "$OUT")
                   for m in ${TRACE_MODELS:-fast-dllm-v2-1.5b}; do
                     python -m bench.trace_driven replay --trace "${TRACE:-.traces/trace_fused.pt}" --device cuda --models "$m" \
                       --repeats 3 --out "$OUT/trace_$m.json" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"

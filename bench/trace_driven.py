@@ -62,7 +62,8 @@ def _decode(model, prompt, mode, args, graph, forward=None, trace=None, graphs=N
     return decode_on_device(model, prompt, mode, args.max_new_tokens, DEFAULTS.threshold,
                             args.draft_budget if mode != "vanilla" else 0,
                             graph if mode != "vanilla" else None, True, graphs=graphs, forward=forward, trace=trace,
-                            fuse_boundaries=args.fuse_boundaries, compile_writes=args.compile_writes)
+                            fuse_boundaries=args.fuse_boundaries, compile_writes=args.compile_writes,
+                            all_logits=args.all_logits)
 
 
 def record(args) -> dict:
@@ -202,7 +203,7 @@ def replay(args, trace: dict, name: str) -> list[dict]:
             row = _row(name, task, spec, {spec: [runs[mode][i] for i in idx]}, warm_s, cuda, plain[task])
             row["mode"] = mode
             row.update(trace_driven=True, fuse_boundaries=args.fuse_boundaries, compile_writes=args.compile_writes,
-                       freeze_gc=args.freeze_gc,
+                       freeze_gc=args.freeze_gc, all_logits=args.all_logits,
                        **({"dense_fraction": list(args.heads), "heads_from": args.heads_from,
                            "heads_quantile": args.heads_quantile} if mode == "specfold_heads" else {}),
                        loop="device", host_twin=None,
@@ -309,6 +310,9 @@ def main(argv=None) -> int:
     ap.add_argument("--eager-graphs", action="store_true", help="replay on the CPU: VerifyGraphs(replay='eager')")
     ap.add_argument("--compile-writes", action="store_true",
                     help="the prefill and block writes through torch.compile (generate's compile_writes)")
+    ap.add_argument("--all-logits", action="store_true",
+                    help="replay: every position's logits in each step (generate(all_logits=True)), where by default "
+                         "the device loop asks for the main state's masked positions' and position 0's")
     ap.add_argument("--freeze-gc", action="store_true",
                     help="replay: gc.freeze() after each mode's warm-up (the timed decodes' collections skip it)")
     ap.add_argument("--profile", default=None, metavar="DIR",
@@ -338,7 +342,7 @@ def main(argv=None) -> int:
         "trace": args.trace, "record_model": trace["model"], "tau": trace["tau"], "prompts": len(trace["prompts"]),
         "repeats": args.repeats, "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
         "fuse_boundaries": trace.get("fuse_boundaries", False), "device": args.device,
-        "compile_writes": args.compile_writes, "freeze_gc": args.freeze_gc,
+        "compile_writes": args.compile_writes, "freeze_gc": args.freeze_gc, "all_logits": args.all_logits,
         "heads_from": args.heads_from, "dense_fraction": list(args.heads) if args.heads else None})
 
 

@@ -311,7 +311,8 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
     ``all_logits``: ask the model for every position's logits (``model(tokens, parents, cache)``), for a
     model whose forward takes no ``logit_positions``. By default it computes the masked positions' only
     (59-62% of a multi-branch call's rows on the trained model): the same tokens up to rounding, a
-    smaller LM head and softmax.
+    smaller LM head and softmax. The device loop asks for the same positions in every row, the main
+    state's masked ones and position 0, their count padded to a power of two (``device_loop``).
 
     ``cuda_graphs``: replay every verification call from a CUDA graph (``VerifyGraphs``: a static prefix
     cache, one graph per branch count and padded logit-row count, captured on first use). ``True`` makes
@@ -377,7 +378,8 @@ def generate(model: DecodingModel, prompt_ids: torch.Tensor, mode: str = "vanill
         if loop == "device":
             return decode_on_device(model, prompt_ids, mode, max_new_tokens, float(threshold), draft_budget, graph,
                                     stop_at_eos, compile_writes, graphs, confidence_dtype, forward=forward,
-                                    fuse_boundaries=fuse_boundaries, steps_per_read=steps_per_read)
+                                    fuse_boundaries=fuse_boundaries, steps_per_read=steps_per_read,
+                                    all_logits=all_logits)
         return _decode(model, prompt_ids, mode, max_new_tokens, float(threshold), draft_budget, graph,
                        stop_at_eos, compile_writes=compile_writes, all_logits=all_logits, graphs=graphs,
                        confidence_dtype=confidence_dtype, forward=forward, fuse_boundaries=fuse_boundaries)

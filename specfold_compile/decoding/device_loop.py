@@ -4,8 +4,9 @@ Per step: one verification forward of a fixed number of rows (1, or 1 + draft_bu
 copies of the main state) and ``device_step.decode_step``, which leaves the next call's rows, parents and
 a status word in one int64 buffer on the device (``StepBuffers``). What the host reads back:
 
-- per step, the status word (``device_step.STATUS_FIELDS`` and the call's parents: 5 + draft_budget
-  int64), to know whether the block is finished and for ``GenerateResult.steps``; with
+- per step, the status word (``device_step.STATUS_FIELDS`` and the call's parents: 6 + draft_budget
+  int64), to know whether the block is finished, how wide the next call's logits are, and for
+  ``GenerateResult.steps``; with
   ``steps_per_read=k`` the host launches k steps, then reads their k words in one copy. A step launched
   after its block's last one changes nothing (``gated_step``) and reports 0 rows, but costs its forward's
   device time, which on the shipped model outweighed the waits saved (docs/benchmarks.md);
@@ -16,8 +17,14 @@ With a ``VerifyGraphs`` (``cuda_graphs``) each step, the forward and its bookkee
 (one per row count and attention window, captured on first use, kept with the ``VerifyGraphs`` across
 prompts); the prefill and block writes replay as in the Python loop. Without one, the same
 tensor code runs eagerly (the CPU path). On CUDA the bookkeeping after the confidences is compiled
-(``DeviceDecoder``'s ``compile_step``). The forward always computes every position's logits: a fixed
-shape, where the Python loop asks for the masked positions' only.
+(``DeviceDecoder``'s ``compile_step``).
+
+The forward computes the logits of the main state's masked positions and position 0 only, as the Python
+loop asks for the masked positions' (a draft's masked positions are among its main state's): the same
+positions in every row, their count padded to a power of two (``logit_width``), so that a step's shapes
+stay static and a few graphs cover a block (the host knows the count from the last status word, and it
+only falls within a block). The other positions get conf 0 and the mask token, which nothing reads.
+``all_logits=True`` computes every position's (a model whose forward takes no ``logit_positions``).
 
 The Python loop (``decoder._decode``) is the reference: same tokens, same forwards (tests/decoding/
 test_device_step_loop.py).
@@ -44,6 +51,27 @@ __all__ = ["StepBuffers", "DeviceDecoder", "decode_on_device"]
 
 _STATUS = len(STATUS_FIELDS)
 _ROWS = STATUS_FIELDS.index("rows")
+MIN_LOGIT_WIDTH = 4
+
+
+def logit_width(masked: int, block: int) -> int:
+    """How many positions of each row a step computes logits at, for a main state with ``masked`` masked
+    positions: those and position 0, padded to the next power of two (at least ``MIN_LOGIT_WIDTH``, at
+    most ``block``): log2(block / MIN_LOGIT_WIDTH) + 1 graphs per row count instead of one per count."""
+    if not 0 <= masked <= block:
+        raise ValueError(f"masked: expected 0 <= masked <= block = {block}, got {masked}")
+    return min(block, max(MIN_LOGIT_WIDTH, 1 << masked.bit_length()))
+
+
+def logit_positions(rows: torch.Tensor, width: int, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positions a step of ``rows`` [N, B] computes logits at: ``sel`` [width], row 0's masked positions
+    and position 0 first (ascending), then others as padding (their logits are computed, never read); and
+    the flat positions ``n * B + sel`` [N * width] to ask the model for. Tensor ops only (no host read)."""
+    n, block = rows.shape
+    pos = torch.arange(block, device=rows.device)
+    wanted = (rows[0] == mask_id) | (pos == 0)
+    sel = torch.argsort((~wanted).to(torch.int32), stable=True)[:width]
+    return sel, (torch.arange(n, device=rows.device)[:, None] * block + sel[None]).flatten()
 
 
 class StepBuffers:
@@ -112,14 +140,15 @@ class DeviceDecoder:
 
     def __init__(self, model, rules: StepRules, graph: DraftGraph | None, device: torch.device,
                  graphs: VerifyGraphs | None = None, compile_step: bool | None = None,
-                 trace=None, steps_per_read: int = 1):
+                 trace=None, steps_per_read: int = 1, all_logits: bool = False):
         self.model, self.rules, self.graphs, self.trace = model, rules, graphs, trace
+        self.all_logits = all_logits
         compile_step = device.type == "cuda" if compile_step is None else compile_step
         self._compiled_step = CompiledStep(gated_step, compile_step)
         self.tables = None if graph is None or rules.draft_budget == 0 else DraftTables.from_graph(graph, device)
         self.steps_per_read = steps_per_read
         self.buffers = StepBuffers(1 + rules.draft_budget, rules.block_size, device, steps_per_read)
-        # (rows, window) -> replay, on the static cache below; "first": first_step's bookkeeping
+        # (rows, logit width, window) -> replay, on the static cache below; "first": first_step's bookkeeping
         self.captured: dict[tuple | str, object] = {}
         self.cache = None
         self.captures = self.replays = 0
@@ -127,14 +156,14 @@ class DeviceDecoder:
     @classmethod
     def for_graphs(cls, model, rules: StepRules, graph: DraftGraph | None, device: torch.device,
                    graphs: VerifyGraphs | None, compile_step: bool | None = None,
-                   trace=None, steps_per_read: int = 1) -> "DeviceDecoder":
+                   trace=None, steps_per_read: int = 1, all_logits: bool = False) -> "DeviceDecoder":
         if graphs is None:
             return cls(model, rules, graph, device, compile_step=compile_step, trace=trace,
-                       steps_per_read=steps_per_read)
+                       steps_per_read=steps_per_read, all_logits=all_logits)
         kept = graphs.device_decoders
-        key = (rules, graph, device, compile_step, id(trace), steps_per_read)
+        key = (rules, graph, device, compile_step, id(trace), steps_per_read, all_logits)
         if key not in kept:
-            kept[key] = cls(model, rules, graph, device, graphs, compile_step, trace, steps_per_read)
+            kept[key] = cls(model, rules, graph, device, graphs, compile_step, trace, steps_per_read, all_logits)
         return kept[key]
 
     @property
@@ -144,17 +173,35 @@ class DeviceDecoder:
     def _bookkeeping(self, *args):
         return self._compiled_step(*args)
 
-    def _run(self, n: int, cache) -> torch.Tensor:
-        """One call of ``n`` rows and its bookkeeping; the buffers updated in place."""
+    def width(self, masked: int) -> int:
+        """The logit width of a step whose main state has ``masked`` masked positions (``logit_width``;
+        every position with ``all_logits``)."""
+        block = self.rules.block_size
+        return block if self.all_logits else logit_width(masked, block)
+
+    def _run(self, n: int, width: int, cache) -> torch.Tensor:
+        """One call of ``n`` rows, logits at ``width`` positions a row, and its bookkeeping; the buffers
+        updated in place."""
         buf = self.buffers
         rows, parents = buf.rows[:n], buf.parents[:n]
-        if self.graphs is None:
-            mark_dynamic_shapes(rows, parents, cache)
+        sel = positions = None
+        if width < self.rules.block_size:
+            sel, positions = logit_positions(rows, width, self.rules.mask_id)
+        mark_dynamic_shapes(rows, parents, cache, positions)
         if self.trace is not None:
             self.trace.before()
         with loop_built_rows():  # valid by construction: no data check, no read-back
-            logits = self.model(rows, parents, cache)
-        return self._settle(logits, n)
+            if positions is None:
+                logits = self.model(rows, parents, cache)
+            else:
+                try:
+                    logits = self.model(rows, parents, cache, logit_positions=positions).view(n, width, -1)
+                except TypeError as exc:
+                    if "logit_positions" not in str(exc):
+                        raise
+                    raise TypeError(f"model: its forward takes no logit_positions ({exc}); pass generate(..., "
+                                    "all_logits=True) to call model(tokens, parents, cache)") from exc
+        return self._settle(logits, n, sel)
 
     def first_step(self, logits: torch.Tensor) -> list[int]:
         """The block's first step (N = 1, the state ``load_block`` put in the buffers) on the logits [B, V]
@@ -187,13 +234,19 @@ class DeviceDecoder:
             self.trace.before()
         return self._settle(logits[None], 1)
 
-    def _settle(self, logits: torch.Tensor, n: int) -> torch.Tensor:
-        """A call's bookkeeping on its logits [n, B, V]: the next call's rows, parents and the status in
-        the buffers, the status word also in ``outcomes`` (zeros for a step that did not run)."""
+    def _settle(self, logits: torch.Tensor, n: int, sel: torch.Tensor | None = None) -> torch.Tensor:
+        """A call's bookkeeping on its logits [n, B, V], or [n, W, V] at the positions ``sel`` [W]
+        (``logit_positions``): the next call's rows, parents and the status in the buffers, the status
+        word also in ``outcomes`` (zeros for a step that did not run)."""
         buf = self.buffers
         rows, parents = buf.rows[:n], buf.parents[:n]
         rules = self.rules
         conf, tok = confidence(logits, rules.mask_id, rules.confidence_dtype, rules.argmax_of_probs)
+        if sel is not None:  # every row's other positions: conf 0 and the mask token, as the Python loop's
+            at = sel[None].expand(n, -1)
+            conf = torch.zeros((n, rules.block_size), dtype=conf.dtype, device=conf.device).scatter(1, at, conf)
+            tok = torch.full((n, rules.block_size), rules.mask_id, dtype=tok.dtype, device=tok.device).scatter(1, at,
+                                                                                                              tok)
         *new, ran = self._bookkeeping(conf, tok, rows, parents, buf.n_rows[0], buf.info, buf.rows, buf.parents,
                                       buf.status, rules, self.tables)
         for kept, value in zip((buf.rows, buf.parents, buf.n_rows, buf.status), new):
@@ -205,22 +258,24 @@ class DeviceDecoder:
         buf.cursor.add_(1)
         return buf.status
 
-    def steps(self, n: int, cache) -> list[list[int]]:
+    def steps(self, n: int, cache, masked: int) -> list[list[int]]:
         """``steps_per_read`` steps on ``cache``, the first of ``n`` rows (1 or 1 + draft_budget), the
-        others of 1 + draft_budget, launched one after the other; then their status words, read back to
-        the host at once: ``STATUS_FIELDS`` then the call's parents, a word of zeros (0 rows) for a step
-        launched after its block's last one."""
+        others of 1 + draft_budget, launched one after the other, each with the logit width of ``masked``
+        masked positions (the main state's before the first: a block's count only falls); then their
+        status words, read back to the host at once: ``STATUS_FIELDS`` then the call's parents, a word of
+        zeros (0 rows) for a step launched after its block's last one."""
         if self.steps_per_read > 1:  # one step a read always writes row 0 (the clamp): no launch needed
             self.buffers.cursor.zero_()
+        width = self.width(masked)
         for j in range(self.steps_per_read):
             m = n if j == 0 else self.buffers.rows_n
             if self.graphs is None:
-                self._run(m, cache)
+                self._run(m, width, cache)
             else:
-                self._replay(m, cache)
+                self._replay(m, width, cache)
         return [word[:_STATUS + word[_ROWS]] for word in self.buffers.outcomes.tolist()]
 
-    def _replay(self, n: int, cache) -> torch.Tensor:
+    def _replay(self, n: int, width: int, cache) -> torch.Tensor:
         graphs = self.graphs
         if cache is not graphs.cache:
             raise ValueError("cache: expected the static cache returned by VerifyGraphs.attach")
@@ -228,14 +283,14 @@ class DeviceDecoder:
             self.captured.clear()
             self.cache = cache
         window, view = graphs.window(max(cache.length, 1))
-        key = (n, window)
+        key = (n, width, window)
         replay = self.captured.get(key)
         if replay is None:
             rows, parents = self.buffers.rows[:n], self.buffers.parents[:n]
             mark_dynamic_shapes(rows, parents, view)
             forced_index = getattr(self.trace, "index", None)  # a StepForcing's position in its record
             restore = (self.buffers.flat,) + ((forced_index,) if forced_index is not None else ())
-            _, replay = graphs._record(lambda: self._run(n, view), rows.device, restore=restore)
+            _, replay = graphs._record(lambda: self._run(n, width, view), rows.device, restore=restore)
             self.captured[key] = replay
             self.captures += 1
         else:
@@ -248,14 +303,14 @@ def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_b
                      compile_writes=False, graphs: VerifyGraphs | None = None,
                      confidence_dtype: str = "model", compile_step: bool | None = None,
                      forward=None, trace=None, fuse_boundaries: bool | str = False,
-                     steps_per_read: int = 1) -> GenerateResult:
+                     steps_per_read: int = 1, all_logits: bool = False) -> GenerateResult:
     """``decoder._decode``'s loop with ``DeviceDecoder`` steps (arguments validated by ``generate``;
     ``compile_step``: ``DeviceDecoder``'s; ``forward``: the verification call, None: ``model`` itself).
     ``trace``: a ``step_forcing.StepRecorder`` (records every step's outcome and every seed) or
     ``StepForcing`` (replays a record), for trace-driven benchmarks. ``fuse_boundaries``: as in
     ``generate``; the guess of a seed is the last step's status word's ``seed_guess``, and a fused
-    block's first step runs only its bookkeeping (``DeviceDecoder.first_step``). ``steps_per_read``: as in
-    ``generate``."""
+    block's first step runs only its bookkeeping (``DeviceDecoder.first_step``). ``steps_per_read`` and
+    ``all_logits``: as in ``generate``."""
     B, sb, mask_id, eos_id = model_consts(model)
     fam = model.config.decoding_rules
     layout = layout_prompt(prompt_ids, B, fam.prompt_on_block_grid)
@@ -266,7 +321,7 @@ def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_b
                       fam.argmax_of_probs, draft_budget if spiffy else 0)
     device = prompt_ids.device
     decoder = DeviceDecoder.for_graphs(model if forward is None else forward, rules, graph if spiffy else None, device,
-                                       graphs, compile_step, trace, steps_per_read)
+                                       graphs, compile_step, trace, steps_per_read, all_logits)
     captures0, replays0 = decoder.captures, decoder.replays
     writes = {"compiled": True} if compile_writes else {}
     guessing = bool(fuse_boundaries) and bool(model.config.shift_logits)
@@ -292,16 +347,16 @@ def decode_on_device(model, prompt_ids, mode, max_new_tokens, threshold, draft_b
         written = x  # a block finished at its first state is written from the host
         if not block_finished(x, mask_id, need, eos, start):
             decoder.buffers.load_block(x, start, need)
-            n, done = 1, False
+            n, done, masked = 1, False, int((x == mask_id).sum())
             while not done:
                 fused = verified is not None
                 if fused:
                     words = [decoder.first_step(verified[1])]
                     verified = None
                 else:
-                    words = decoder.steps(n, cache)
+                    words = decoder.steps(n, cache, masked)
                 for word in words:
-                    done, accepted, stalled, rows, guess = word[:_STATUS]
+                    done, accepted, stalled, rows, guess, masked = word[:_STATUS]
                     if rows == 0:  # launched after the block's last step: it changed nothing
                         break
                     nfe += not fused

@@ -40,10 +40,11 @@ __all__ = ["StepRules", "DraftTables", "CompiledStep", "finished", "commit_rule"
            "STATUS_FIELDS"]
 
 # The status word of a step (int64): the new main state's finished flag, draft rows accepted, the step
-# made no progress (non-finite logits), the call's real rows, and the argmax at position 0 of the row
-# whose logits produced the new state (under the Fast-dLLM shift: the predicted token after the block,
-# ``generate(fuse_boundaries=True)``'s guess of the next seed); the call's parents follow.
-STATUS_FIELDS = ("finished", "accepted", "stalled", "rows", "seed_guess")
+# made no progress (non-finite logits), the call's real rows, the argmax at position 0 of the row whose
+# logits produced the new state (under the Fast-dLLM shift: the predicted token after the block,
+# ``generate(fuse_boundaries=True)``'s guess of the next seed), and the new main state's masked positions
+# (how many positions the next call needs logits for, besides position 0); the call's parents follow.
+STATUS_FIELDS = ("finished", "accepted", "stalled", "rows", "seed_guess", "masked")
 
 # Graphs a compiled step keeps per Python function: one a kind of decode and padded request count; Dynamo's
 # default (8) would turn the later ones silently eager.
@@ -296,7 +297,9 @@ def step_from_confidences(conf: Tensor, tok: Tensor, rows: Tensor, parents: Tens
         next_rows, next_parents = torch.cat([y[None], d_rows]), torch.cat([head, d_parents])
         next_order = torch.cat([main_order] + d_order) if order else main_order
     guess = _row(tok, cur)[0]
-    status = torch.cat([torch.stack([done.long(), accepted, stalled.long(), n_rows.long(), guess.long()]), parents])
+    masked = (y == rules.mask_id).sum()
+    status = torch.cat([torch.stack([done.long(), accepted, stalled.long(), n_rows.long(), guess.long(),
+                                     masked.long()]), parents])
     return (next_rows, next_parents, 1 + kept, status) + ((next_order,) if order else ())
 
 

@@ -102,6 +102,9 @@ class StepForcing:
         self.parents = torch.stack([s.parents for s in steps]).to(device)
         self.n_rows = torch.tensor([s.n_rows for s in steps], dtype=torch.long, device=device)
         status = torch.stack([s.status for s in steps])
+        if status.shape[1] != len(STATUS_FIELDS) + rows.shape[1]:
+            raise ValueError(f"steps: status words of {status.shape[1]} entries, expected {len(STATUS_FIELDS)} fields "
+                             f"{STATUS_FIELDS} and {rows.shape[1]} parents: a record of another layout; record it again")
         if token_map is not None:  # the seed guess is a token id
             guess = STATUS_FIELDS.index("seed_guess")
             status[:, guess] = token_map[status[:, guess]]

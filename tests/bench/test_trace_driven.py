@@ -38,6 +38,20 @@ def test_replay_reproduces_the_record(trace, tmp_path):
         assert r["tokens_per_s"] > 0 and r["step_ms"] > 0
 
 
+def test_all_logits_replays_the_same_calls(trace, tmp_path):
+    """``--all-logits``: every position's logits in each step, the same recorded calls (a row says which)."""
+    rows = {}
+    for flag in ([], ["--all-logits"]):
+        out = tmp_path / f"rows{len(flag)}.json"
+        assert trace_driven.main(["replay", "--device", "cpu", "--eager-graphs", "--trace", str(trace), *flag,
+                                  "--models", "tiny-fast-dllm-v2", "--modes", "spiffy",
+                                  "--override", TINY_AT_RECORD_SHAPE, "--out", str(out)]) == 0
+        (rows[bool(flag)],) = json.loads(out.read_text())["rows"]
+    for every, row in rows.items():
+        assert row["all_logits"] is every and row["trace_reproduced"] is True
+    assert rows[True]["nfe"] == rows[False]["nfe"]
+
+
 def test_replay_profile_writes_a_profile_a_mode(trace, tmp_path):
     """``--profile DIR``: one more plain pass a mode under cProfile, the decode loop's functions in it;
     ``--freeze-gc``: the rows say so, and the collector is unfrozen afterwards."""

@@ -62,8 +62,8 @@ def test_steps_launched_ahead_are_read_together_and_change_nothing(monkeypatch):
 
     reads, runs = [], []
     steps, run = DeviceDecoder.steps, DeviceDecoder._run
-    monkeypatch.setattr(DeviceDecoder, "steps", lambda self, n, cache: reads.append(n) or steps(self, n, cache))
-    monkeypatch.setattr(DeviceDecoder, "_run", lambda self, n, cache: runs.append(n) or run(self, n, cache))
+    monkeypatch.setattr(DeviceDecoder, "steps", lambda self, n, cache, masked: reads.append(n) or steps(self, n, cache, masked))
+    monkeypatch.setattr(DeviceDecoder, "_run", lambda self, n, width, cache: runs.append(n) or run(self, n, width, cache))
     model = FakeModel(block_size=8, sub_block_size=4, seed=1)
     _, device = assert_same_decode(model, torch.tensor([2, 3, 1]), 3, mode="spiffy", max_new_tokens=40,
                                    draft_budget=6)

@@ -64,9 +64,9 @@ class StepGuard:
     def enable(self):
         run = DeviceDecoder._run
 
-        def guarded(decoder, n, cache):
+        def guarded(decoder, n, width, cache):
             with no_host_reads(decoder.buffers.rows.device):
-                out = run(decoder, n, cache)
+                out = run(decoder, n, width, cache)
             self.checked.append(n)
             return out
         self.monkeypatch.setattr(DeviceDecoder, "_run", guarded)

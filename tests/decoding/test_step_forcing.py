@@ -11,6 +11,7 @@ from specfold_compile import SpecFoldBackend
 from specfold_compile.backend import fold_launched_calls
 from specfold_compile.decoding.graph import default_draft_graph, load_draft_graph
 from specfold_compile.decoding.device_loop import decode_on_device
+from specfold_compile.decoding.device_step import STATUS_FIELDS
 from specfold_compile.decoding.step_forcing import RecordedStep, StepForcing, StepRecorder
 from specfold_compile.models import build
 from specfold_compile.ops.fold_masks import forced_fold_masks, recorded_fold_masks
@@ -124,7 +125,10 @@ def test_step_forcing_arguments():
     with pytest.raises(ValueError, match="steps"):
         StepForcing([], [], torch.device("cpu"))
     step = RecordedStep(torch.zeros((3, 8), dtype=torch.long), torch.zeros(3, dtype=torch.long), 1,
-                        torch.zeros(7, dtype=torch.long))
+                        torch.zeros(len(STATUS_FIELDS) + 3, dtype=torch.long))
+    old = RecordedStep(step.rows, step.parents, 1, torch.zeros(len(STATUS_FIELDS) + 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="steps: status words of 8 entries, expected 6 fields .* and 3 parents"):
+        StepForcing([old], [], torch.device("cpu"))
     forcing = StepForcing([step], [], torch.device("cpu"), gates=4)
     assert forcing.masks is None and tuple(forcing.fold_masks.shape) == (4, 3, 8)
     with pytest.raises(RuntimeError, match="seed 1 of a record of 0"):
