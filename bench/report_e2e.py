@@ -160,7 +160,8 @@ E2E_SECTIONS = [
             "python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models fast-dllm-v2-1.5b "
             "--repeats 3 --compile-writes",
             "The trace-driven 1.5B decodes of the section above with every mode's prompt prefill and block "
-            "writes compiled by Inductor (`generate(..., compile_writes=True)`), one process, columns as above. "
+            "writes compiled by Inductor (`generate(..., compile_writes=True)`), every position's logits in each "
+            "step (as `--all-logits`), one process, columns as above. "
             "The math prompt's prefill takes 2.7 ms instead of 4.8 ms, and whole decodes gain in every mode; "
             "SpecFold against Spiffy under Inductor is 1.13x / 1.09x / 1.20x (math / code / instruct) here, "
             "1.08x / 1.07x / 1.19x with the eager writes above (another process). The compiles lengthen the "
@@ -175,7 +176,8 @@ E2E_SECTIONS = [
             "python -m bench.trace_driven record --device cpu --limit 4 --fuse-boundaries [--split train] --out "
             "TRACE.pt (TRAIN.pt), then python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models "
             "fast-dllm-v2-7b --repeats 3 --modes spiffy_compiled,specfold,specfold_heads --heads-from TRAIN.pt",
-            "The trace-driven 7B decodes (test-split record, eager prefill and writes), one process, columns as "
+            "The trace-driven 7B decodes (test-split record, eager prefill and writes, every position's logits "
+            "in each step), one process, columns as "
             "above. `specfold_heads` gives each layer's packed linears their own cuBLAS head (`Tuning`'s "
             "`dense_fraction` as a profile over the depth), measured on a record of train-split prompts "
             "(`ops.fold_masks.dense_fractions`, quantile 0.9: 0.17 / 0.18 / 0.27 / 0.40 / 0.43 / 0.56 over the six "
@@ -186,8 +188,8 @@ E2E_SECTIONS = [
             "3.35 TB/s and 990 TFLOP/s of dense bf16) 128 to 256 rows of the 7B weights sit near the H100's "
             "ridge, where fewer rows save little; on the H200 (4.8 TB/s) a 7B layer's position-wise work takes "
             "247 us at 128 rows against 316 at 256 (the packed-rows section), so the profile may pay there: not "
-            "measured. The default stays one number. SpecFold against Spiffy under Inductor at 7B on current "
-            "code: 1.25x / 1.21x / 1.50x.", render_end_to_end),
+            "measured. The default stays one number. SpecFold against Spiffy under Inductor at 7B in this run "
+            "(every position's logits in each step): 1.25x / 1.21x / 1.50x.", render_end_to_end),
     Section("Logits of the masked positions in the device loop (H100)", "h100/logit_width.json",
             "python -m bench.trace_driven record --device cpu --limit 4 --fuse-boundaries --out TRACE.pt, then "
             "python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models MODEL --repeats 3 --modes "
