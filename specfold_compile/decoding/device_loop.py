@@ -185,7 +185,7 @@ class DeviceDecoder:
         buf = self.buffers
         rows, parents = buf.rows[:n], buf.parents[:n]
         sel = positions = None
-        if width < self.rules.block_size:
+        if not self.all_logits:  # at every width, a full one too: one compiled graph for all of them
             sel, positions = logit_positions(rows, width, self.rules.mask_id)
         mark_dynamic_shapes(rows, parents, cache, positions)
         if self.trace is not None:
