@@ -14,10 +14,10 @@ a status word in one int64 buffer on the device (``StepBuffers``). What the host
   loop reads it) and, at the block's end, its B tokens (output, eos, the block write).
 
 With a ``VerifyGraphs`` (``cuda_graphs``) each step, the forward and its bookkeeping, is one CUDA graph
-(one per row count and attention window, captured on first use, kept with the ``VerifyGraphs`` across
-prompts); the prefill and block writes replay as in the Python loop. Without one, the same
-tensor code runs eagerly (the CPU path). On CUDA the bookkeeping after the confidences is compiled
-(``DeviceDecoder``'s ``compile_step``).
+(one per row count, logit width and attention window, captured on first use, kept with the
+``VerifyGraphs`` across prompts); the prefill and block writes replay as in the Python loop. Without one,
+the same tensor code runs eagerly (the CPU path). On CUDA the bookkeeping after the confidences is
+compiled (``DeviceDecoder``'s ``compile_step``).
 
 The forward computes the logits of the main state's masked positions and position 0 only, as the Python
 loop asks for the masked positions' (a draft's masked positions are among its main state's): the same
