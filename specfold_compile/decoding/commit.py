@@ -13,6 +13,7 @@ import torch
 
 __all__ = [
     "confidence",
+    "spread_confidences",
     "next_token",
     "window_positions",
     "commit",
@@ -57,6 +58,16 @@ def confidence(logits: torch.Tensor, mask_id: int | None = None, dtype: str = "f
     mx = torch.gather(lf, -1, tok.unsqueeze(-1)).squeeze(-1)
     conf = torch.exp(mx - lse)  # = softmax(logits.float())[tok]
     return conf, tok
+
+
+def spread_confidences(conf: torch.Tensor, tok: torch.Tensor, positions: torch.Tensor, size: int,
+                       mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``confidence``'s ``conf`` and ``tok`` [M] at the flat ``positions`` [M] (of the logits asked for)
+    spread over all ``size`` positions: elsewhere conf 0 and the mask token, which nothing reads (commits
+    and drafts look at masked positions only). Tensor ops on ``conf``'s device, no host read."""
+    full_conf = torch.zeros(size, dtype=conf.dtype, device=conf.device).index_put_((positions,), conf)
+    full_tok = torch.full((size,), mask_id, dtype=tok.dtype, device=tok.device).index_put_((positions,), tok)
+    return full_conf, full_tok
 
 
 def next_token(logits: torch.Tensor, mask_id: int | None = None) -> torch.Tensor:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from . import boundaries
-from .commit import block_finished, commit, confidence
+from .commit import block_finished, commit, confidence, spread_confidences
 from .cuda_graphs import VerifyGraphs
 from .defaults import CONFIDENCE_DTYPES, DEFAULTS
 from .device_loop import decode_on_device
@@ -157,9 +157,7 @@ def _verify(model: VerifyForward | DecodingModel, rows: torch.Tensor, parents: l
                          f"{tuple(logits.shape)}; a model that ignores logit_positions needs generate(..., "
                          "all_logits=True)")
     conf_m, tok_m = scoring.confidence(logits)
-    conf = torch.zeros(rows.numel(), dtype=conf_m.dtype)
-    tok = torch.full((rows.numel(),), mask_id, dtype=torch.long)
-    conf[masked], tok[masked] = conf_m.cpu(), tok_m.cpu()
+    conf, tok = spread_confidences(conf_m.cpu(), tok_m.cpu(), masked, rows.numel(), mask_id)
     return conf.view(rows.shape), tok.view(rows.shape)
 
 

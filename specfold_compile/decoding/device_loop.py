@@ -39,7 +39,7 @@ import torch
 
 from ..models.checks import loop_built_rows
 from . import boundaries
-from .commit import block_finished, confidence
+from .commit import block_finished, confidence, spread_confidences
 from .cuda_graphs import VerifyGraphs
 from .device_step import STATUS_FIELDS, CompiledStep, DraftTables, StepRules, step_from_confidences
 from .dynamic import mark_dynamic_shapes
@@ -184,9 +184,9 @@ class DeviceDecoder:
         updated in place."""
         buf = self.buffers
         rows, parents = buf.rows[:n], buf.parents[:n]
-        sel = positions = None
+        positions = None
         if not self.all_logits:  # at every width, a full one too: one compiled graph for all of them
-            sel, positions = logit_positions(rows, width, self.rules.mask_id)
+            _, positions = logit_positions(rows, width, self.rules.mask_id)
         mark_dynamic_shapes(rows, parents, cache, positions)
         if self.trace is not None:
             self.trace.before()
@@ -201,7 +201,7 @@ class DeviceDecoder:
                         raise
                     raise TypeError(f"model: its forward takes no logit_positions ({exc}); pass generate(..., "
                                     "all_logits=True) to call model(tokens, parents, cache)") from exc
-        return self._settle(logits, n, sel)
+        return self._settle(logits, n, positions)
 
     def first_step(self, logits: torch.Tensor) -> list[int]:
         """The block's first step (N = 1, the state ``load_block`` put in the buffers) on the logits [B, V]
@@ -234,19 +234,17 @@ class DeviceDecoder:
             self.trace.before()
         return self._settle(logits[None], 1)
 
-    def _settle(self, logits: torch.Tensor, n: int, sel: torch.Tensor | None = None) -> torch.Tensor:
-        """A call's bookkeeping on its logits [n, B, V], or [n, W, V] at the positions ``sel`` [W]
+    def _settle(self, logits: torch.Tensor, n: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """A call's bookkeeping on its logits [n, B, V], or [n, W, V] at the flat ``positions`` [n * W]
         (``logit_positions``): the next call's rows, parents and the status in the buffers, the status
         word also in ``outcomes`` (zeros for a step that did not run)."""
         buf = self.buffers
         rows, parents = buf.rows[:n], buf.parents[:n]
         rules = self.rules
         conf, tok = confidence(logits, rules.mask_id, rules.confidence_dtype, rules.argmax_of_probs)
-        if sel is not None:  # every row's other positions: conf 0 and the mask token, as the Python loop's
-            at = sel[None].expand(n, -1)
-            conf = torch.zeros((n, rules.block_size), dtype=conf.dtype, device=conf.device).scatter(1, at, conf)
-            tok = torch.full((n, rules.block_size), rules.mask_id, dtype=tok.dtype, device=tok.device).scatter(1, at,
-                                                                                                              tok)
+        if positions is not None:  # every row's other positions: conf 0 and the mask token, as the Python loop's
+            conf, tok = (t.view(n, -1) for t in spread_confidences(conf.flatten(), tok.flatten(), positions,
+                                                                   n * rules.block_size, rules.mask_id))
         *new, ran = self._bookkeeping(conf, tok, rows, parents, buf.n_rows[0], buf.info, buf.rows, buf.parents,
                                       buf.status, rules, self.tables)
         for kept, value in zip((buf.rows, buf.parents, buf.n_rows, buf.status), new):

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..decoding.commit import spread_confidences
 from ..decoding.graph_capture import record_call
 from ..decoding.device_step import (STATUS_FIELDS, CompiledStep, DraftTables, StepRules, prefix_of_drafts,
                                     step_from_confidences)
@@ -302,8 +303,7 @@ class SlotSteps:
         dev = self.device
         flat, src, slots = flat.to(dev), src.to(dev), slots.to(dev)
         # the unmasked positions as the host loop leaves them: confidence 0, the mask token
-        full_conf = torch.zeros(total_rows * b, dtype=conf.dtype, device=dev).index_put_((flat,), conf)
-        full_tok = torch.full((total_rows * b,), rules.mask_id, dtype=tok.dtype, device=dev).index_put_((flat,), tok)
+        full_conf, full_tok = spread_confidences(conf, tok, flat, total_rows * b, rules.mask_id)
         shaped = (g, n, b)
         conf_rows = full_conf.view(-1, b).index_select(0, src).view(shaped)
         tok_rows = full_tok.view(-1, b).index_select(0, src).view(shaped)

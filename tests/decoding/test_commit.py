@@ -2,7 +2,7 @@ import torch
 from hypothesis import given, strategies as hs
 
 from specfold_compile.decoding import block_finished, commit, rank_masked_positions, window_positions
-from specfold_compile.decoding.commit import confidence, next_token
+from specfold_compile.decoding.commit import confidence, next_token, spread_confidences
 
 M = 99  # mask id
 
@@ -103,3 +103,15 @@ def test_next_token_is_the_token_confidence_picks(seed, dtype, vocab, mask_id, t
     for mask in (mask_id, None):
         assert torch.equal(next_token(logits, mask), confidence(logits, mask)[1])
         assert torch.equal(next_token(logits[0, 0], mask), confidence(logits[0, 0], mask)[1])
+
+
+@given(size=hs.integers(1, 40), data=hs.data())
+def test_spread_confidences_puts_each_value_at_its_position(size, data):
+    positions = data.draw(hs.lists(hs.integers(0, size - 1), unique=True, max_size=size))
+    conf = torch.rand(len(positions)) + 0.5
+    tok = torch.randint(0, 7, (len(positions),))
+    full_conf, full_tok = spread_confidences(conf, tok, torch.tensor(positions, dtype=torch.long), size, 99)
+    at = torch.zeros(size, dtype=torch.bool)
+    at[positions] = True
+    assert torch.equal(full_conf[positions], conf) and torch.equal(full_tok[positions], tok)
+    assert (full_conf[~at] == 0).all() and (full_tok[~at] == 99).all()
