@@ -195,7 +195,7 @@ class DeviceDecoder:
                 logits = self.model(rows, parents, cache)
             else:
                 try:
-                    logits = self.model(rows, parents, cache, logit_positions=positions).view(n, width, -1)
+                    logits = self.model(rows, parents, cache, logit_positions=positions)
                 except TypeError as exc:
                     if "logit_positions" not in str(exc):
                         raise
@@ -235,7 +235,7 @@ class DeviceDecoder:
         return self._settle(logits[None], 1)
 
     def _settle(self, logits: torch.Tensor, n: int, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """A call's bookkeeping on its logits [n, B, V], or [n, W, V] at the flat ``positions`` [n * W]
+        """A call's bookkeeping on its logits [n, B, V], or [n * W, V] at the flat ``positions`` [n * W]
         (``logit_positions``): the next call's rows, parents and the status in the buffers, the status
         word also in ``outcomes`` (zeros for a step that did not run)."""
         buf = self.buffers
@@ -243,8 +243,8 @@ class DeviceDecoder:
         rules = self.rules
         conf, tok = confidence(logits, rules.mask_id, rules.confidence_dtype, rules.argmax_of_probs)
         if positions is not None:  # every row's other positions: conf 0 and the mask token, as the Python loop's
-            conf, tok = (t.view(n, -1) for t in spread_confidences(conf.flatten(), tok.flatten(), positions,
-                                                                   n * rules.block_size, rules.mask_id))
+            conf, tok = (t.view(n, -1) for t in spread_confidences(conf, tok, positions, n * rules.block_size,
+                                                                   rules.mask_id))
         *new, ran = self._bookkeeping(conf, tok, rows, parents, buf.n_rows[0], buf.info, buf.rows, buf.parents,
                                       buf.status, rules, self.tables)
         for kept, value in zip((buf.rows, buf.parents, buf.n_rows, buf.status), new):
