@@ -110,7 +110,7 @@ def render_decode_loop(data: dict) -> list[str]:
 def render_logit_width(data: dict) -> list[str]:
     """The device loop's logits at the main state's masked positions (the default) against every
     position's (``all_logits``), per shape, task and mode: tokens/s and a step's wall time each."""
-    rows = []
+    rows, masked = [], {"rows": _rows(data, all_logits=False)}
     for model in SHAPES:
         for r in _rows(data, model=model, all_logits=False):
             every = _one(data, model=model, task=r["task"], mode=r["mode"], all_logits=True)
@@ -118,7 +118,7 @@ def render_logit_width(data: dict) -> list[str]:
                          _f(r["plain_step_ms"]), f"{every['tokens_per_s']:.0f}" if every else "-",
                          _f(every["plain_step_ms"]) if every else "-",
                          f"{r['tokens_per_s'] / every['tokens_per_s']:.3f}x" if every else "-",
-                         _e2e_ratio({"rows": _rows(data, all_logits=False)}, r)])
+                         _e2e_ratio(masked, r)])
     return _table(["shape", "task", "mode", "masked positions: tokens/s", "step (ms)", "every position: tokens/s",
                    "step (ms)", "masked / every", "/ Spiffy, Inductor (masked)"], rows) + [""]
 
@@ -196,7 +196,7 @@ E2E_SECTIONS = [
             "spiffy_compiled,specfold [--compile-writes] [--all-logits]",
             "The trace-driven decodes with each step's logits at the main state's masked positions and position 0, "
             "padded to a power of two (the device loop's default, `device_loop.logit_width`), against every "
-            "position's (`generate(..., all_logits=True)`, as the device loop computed them before). 1.5B: "
+            "position's (`generate(..., all_logits=True)`). 1.5B: "
             "prefill and writes compiled, the two variants back to back in one machine (the second process "
             "reusing the first's compiled prefill and writes); 7B: eager prefill and writes, masked positions "
             "only (another process on the same machine). Columns: tokens/s of the plain passes and a step's "
