@@ -111,7 +111,7 @@ def test_a_forward_without_logit_positions_is_named():
     assert every.tokens == generate(model, prompt, max_new_tokens=8, all_logits=True).tokens
 
 
-def test_every_width_shares_one_compiled_graph():
+def test_every_width_shares_one_compiled_graph(monkeypatch):
     """A compiled forward traces each row count once whatever the width (the full width passes positions
     too): the narrow logits compile no more graphs than every position's."""
     from specfold_compile.decoding.device_loop import decode_on_device
@@ -121,8 +121,7 @@ def test_every_width_shares_one_compiled_graph():
     model = build("tiny-fast-dllm-v2", seed=0)
     B = model.config.block_size
     graph = load_draft_graph(default_draft_graph(B), B)
-    graphs, widths = {}, set()
-    run = DeviceDecoder._run
+    graphs, seen = {}, _widths(monkeypatch)
     for every in (True, False):
         torch._dynamo.reset()
         compiled = []
@@ -132,13 +131,12 @@ def test_every_width_shares_one_compiled_graph():
             return gm.forward
         forward = torch.compile(model, backend=backend)
         try:
-            DeviceDecoder._run = lambda self, n, width, cache: widths.add(width) or run(self, n, width, cache)
             for prompt in ([7, 19, 3, 88, 41], list(range(2, 40))):
                 decode_on_device(model, torch.tensor(prompt), "spiffy", 2 * B, 0.3, 6, graph, False, forward=forward,
                                  compile_step=False, all_logits=every)
         finally:
-            DeviceDecoder._run = run
             torch._dynamo.reset()
         graphs[every] = len(compiled)
+    widths = {w for _, w in seen}
     assert len(widths) > 2  # several widths ran, the full one among them
     assert graphs[False] == graphs[True]
