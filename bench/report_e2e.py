@@ -214,11 +214,12 @@ E2E_SECTIONS = [
             "boundaries separate, eager prefill and writes, each step's logits at the masked positions. Columns "
             "as in the first section. SpecFold against Spiffy under Inductor: 1.11x / 1.05x / 1.16x at 1.5B, "
             "1.38x / 1.20x / 1.49x at 7B, 1.26x / 1.18x / 1.29x at NLD-3B (math / code / instruct); against "
-            "vanilla 1.30-1.86x. SpecFold's steps take 0.85-0.91x of Spiffy's at 1.5B, 0.65-0.77x at 7B and "
+            "vanilla 1.21-1.86x. SpecFold's steps take 0.85-0.91x of Spiffy's at 1.5B, 0.65-0.77x at 7B and "
             "0.75-0.79x at NLD-3B (plain passes); the rest of a decode, its prefill (4.6, 8.8 and 6.0 ms) and "
             "the host's reads, is the same in both modes, and a code answer takes 2 steps after it. A 7B or "
-            "NLD-3B SpecFold step costs about what vanilla's one-branch step costs (7B: 8.5 against 8.3 ms on "
-            "math; NLD-3B: 5.6 against 5.5 ms), so its drafts come nearly free there. The host's share of a "
+            "NLD-3B SpecFold step costs about what vanilla's one-branch step (the eager model) costs (7B: 8.5 "
+            "against 8.3 ms on math; NLD-3B: 5.6 against 5.5 ms), so its drafts come nearly free there. The "
+            "host's share of a "
             "SpecFold step (plain passes): 3.5-7.2% at 1.5B, at most 2.8% at the larger shapes.",
             render_end_to_end),
     Section("Steps launched ahead", "h100/steps_per_read.json",
