@@ -29,7 +29,7 @@ from . import boundaries
 from .commit import block_finished, commit, confidence, spread_confidences
 from .cuda_graphs import VerifyGraphs
 from .defaults import CONFIDENCE_DTYPES, DEFAULTS
-from .device_loop import decode_on_device
+from .device_loop import decode_on_device, taking_logit_positions
 from .dynamic import mark_dynamic_shapes
 from .graph import build_drafts, default_graph, load_draft_graph
 from ..models.protocol import DecodingModel, VerifyForward
@@ -141,17 +141,12 @@ def _verify(model: VerifyForward | DecodingModel, rows: torch.Tensor, parents: l
         wanted[:, 0] = True
     masked = wanted.flatten().nonzero().flatten()
     positions = masked.to(device)
-    try:
+    with taking_logit_positions():
         if graphs is not None:
             logits = graphs(tokens, parent_ids, cache, positions)
         else:
             mark_dynamic_shapes(tokens, parent_ids, cache, positions)
             logits = model(tokens, parent_ids, cache, logit_positions=positions)
-    except TypeError as exc:
-        if "logit_positions" not in str(exc):
-            raise
-        raise TypeError(f"model: its forward takes no logit_positions ({exc}); pass generate(..., all_logits=True) "
-                        "to call model(tokens, parents, cache)") from exc
     if logits.dim() != 2 or logits.shape[0] != masked.numel():
         raise ValueError(f"model: expected logits [M={masked.numel()}, V] for logit_positions, got "
                          f"{tuple(logits.shape)}; a model that ignores logit_positions needs generate(..., "

@@ -32,6 +32,7 @@ test_device_step_loop.py).
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -47,7 +48,7 @@ from .graph import DraftGraph
 from .prompt_layout import layout_prompt
 from .result import GenerateResult, StepStats, model_consts
 
-__all__ = ["StepBuffers", "DeviceDecoder", "decode_on_device"]
+__all__ = ["StepBuffers", "DeviceDecoder", "decode_on_device", "taking_logit_positions"]
 
 _STATUS = len(STATUS_FIELDS)
 _ROWS = STATUS_FIELDS.index("rows")
@@ -72,6 +73,19 @@ def logit_positions(rows: torch.Tensor, width: int, mask_id: int) -> tuple[torch
     wanted = (rows[0] == mask_id) | (pos == 0)
     sel = torch.argsort((~wanted).to(torch.int32), stable=True)[:width]
     return sel, (torch.arange(n, device=rows.device)[:, None] * block + sel[None]).flatten()
+
+
+@contextlib.contextmanager
+def taking_logit_positions():
+    """Around a forward called with ``logit_positions`` (both loops): its ``TypeError`` about that argument
+    becomes ``generate``'s one-line error naming ``all_logits``; any other error passes unchanged."""
+    try:
+        yield
+    except TypeError as exc:
+        if "logit_positions" not in str(exc):
+            raise
+        raise TypeError(f"model: its forward takes no logit_positions ({exc}); pass generate(..., all_logits=True) "
+                        "to call model(tokens, parents, cache)") from exc
 
 
 class StepBuffers:
@@ -194,13 +208,8 @@ class DeviceDecoder:
             if positions is None:
                 logits = self.model(rows, parents, cache)
             else:
-                try:
+                with taking_logit_positions():
                     logits = self.model(rows, parents, cache, logit_positions=positions)
-                except TypeError as exc:
-                    if "logit_positions" not in str(exc):
-                        raise
-                    raise TypeError(f"model: its forward takes no logit_positions ({exc}); pass generate(..., "
-                                    "all_logits=True) to call model(tokens, parents, cache)") from exc
         return self._settle(logits, n, positions)
 
     def first_step(self, logits: torch.Tensor) -> list[int]:
