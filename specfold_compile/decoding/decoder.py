@@ -29,7 +29,7 @@ from . import boundaries
 from .commit import block_finished, commit, confidence, spread_confidences
 from .cuda_graphs import VerifyGraphs
 from .defaults import CONFIDENCE_DTYPES, DEFAULTS
-from .device_loop import decode_on_device, taking_logit_positions
+from .device_loop import check_logit_rows, decode_on_device, taking_logit_positions
 from .dynamic import mark_dynamic_shapes
 from .graph import build_drafts, default_graph, load_draft_graph
 from ..models.protocol import DecodingModel, VerifyForward
@@ -147,10 +147,7 @@ def _verify(model: VerifyForward | DecodingModel, rows: torch.Tensor, parents: l
         else:
             mark_dynamic_shapes(tokens, parent_ids, cache, positions)
             logits = model(tokens, parent_ids, cache, logit_positions=positions)
-    if logits.dim() != 2 or logits.shape[0] != masked.numel():
-        raise ValueError(f"model: expected logits [M={masked.numel()}, V] for logit_positions, got "
-                         f"{tuple(logits.shape)}; a model that ignores logit_positions needs generate(..., "
-                         "all_logits=True)")
+    check_logit_rows(logits, positions)
     conf_m, tok_m = scoring.confidence(logits)
     conf, tok = spread_confidences(conf_m.cpu(), tok_m.cpu(), masked, rows.numel(), mask_id)
     return conf.view(rows.shape), tok.view(rows.shape)

@@ -48,7 +48,7 @@ from .graph import DraftGraph
 from .prompt_layout import layout_prompt
 from .result import GenerateResult, StepStats, model_consts
 
-__all__ = ["StepBuffers", "DeviceDecoder", "decode_on_device", "taking_logit_positions"]
+__all__ = ["StepBuffers", "DeviceDecoder", "decode_on_device", "taking_logit_positions", "check_logit_rows"]
 
 _STATUS = len(STATUS_FIELDS)
 _ROWS = STATUS_FIELDS.index("rows")
@@ -86,6 +86,15 @@ def taking_logit_positions():
             raise
         raise TypeError(f"model: its forward takes no logit_positions ({exc}); pass generate(..., all_logits=True) "
                         "to call model(tokens, parents, cache)") from exc
+
+
+def check_logit_rows(logits: torch.Tensor, positions: torch.Tensor) -> None:
+    """A forward given ``logit_positions`` [M] must return logits [M, V] (both loops; shapes only, no host
+    read): one that ignores the argument gets ``generate``'s one-line error naming ``all_logits``."""
+    if logits.dim() != 2 or logits.shape[0] != positions.shape[0]:
+        raise ValueError(f"model: expected logits [M={positions.shape[0]}, V] for logit_positions, got "
+                         f"{tuple(logits.shape)}; a model that ignores logit_positions needs generate(..., "
+                         "all_logits=True)")
 
 
 class StepBuffers:
@@ -210,6 +219,7 @@ class DeviceDecoder:
             else:
                 with taking_logit_positions():
                     logits = self.model(rows, parents, cache, logit_positions=positions)
+                check_logit_rows(logits, positions)
         return self._settle(logits, n, positions)
 
     def first_step(self, logits: torch.Tensor) -> list[int]:

@@ -111,6 +111,21 @@ def test_a_forward_without_logit_positions_is_named():
     assert every.tokens == generate(model, prompt, max_new_tokens=8, all_logits=True).tokens
 
 
+class _IgnoresPositions(_NoPositions):
+    def forward(self, tokens, parents, cache, logit_positions=None):
+        return self.inner(tokens, parents, cache)
+
+
+def test_a_forward_that_ignores_logit_positions_is_named():
+    """Its logits [n, B, V] come back where [M, V] was asked for: the device loop stops with the Python
+    loop's one-line error, before any bookkeeping reads them."""
+    model = _IgnoresPositions(FakeModel(block_size=8, sub_block_size=4, seed=0))
+    prompt = torch.tensor([2, 3])
+    for loop in ("device", "host"):
+        with pytest.raises(ValueError, match=r"^model: expected logits \[M=\d+, V\] .*all_logits=True"):
+            generate(model, prompt, loop=loop, max_new_tokens=8)
+
+
 def test_every_width_shares_one_compiled_graph(monkeypatch):
     """A compiled forward traces each row count once whatever the width (the full width passes positions
     too): the narrow logits compile no more graphs than every position's."""
