@@ -57,3 +57,17 @@ def test_readme_test_command_is_the_one_ci_runs():
 
 def test_readme_is_short():
     assert len(README.splitlines()) <= 250
+
+
+def test_headline_rows_need_both_compared_modes_and_dash_the_others():
+    """A shape run without Spiffy eager (or vanilla) still gets its row, those cells "-"; a row without
+    Spiffy under Inductor or SpecFold, whose ratio the table gives, is left out."""
+    data = json.loads((report.RESULTS / "h200" / "end_to_end.json").read_text())
+    traced = [r for r in data["rows"] if r["trace_driven"] and r["model"] == "fast-dllm-v2-1.5b"]
+    full = report.render_e2e_headline({**data, "rows": traced})
+    no_eager = report.render_e2e_headline({**data, "rows": [r for r in traced if r["mode"] != "spiffy"]})
+    assert len(no_eager) == len(full) > 2
+    assert all(line.split(" | ")[4] == "-" for line in no_eager[2:])
+    assert [line.split(" | ")[5:] for line in no_eager] == [line.split(" | ")[5:] for line in full]
+    no_baseline = report.render_e2e_headline({**data, "rows": [r for r in traced if r["mode"] != "spiffy_compiled"]})
+    assert len(no_baseline) == 2  # the header and its rule only
