@@ -219,8 +219,7 @@ E2E_SECTIONS = [
             "the host's reads, is the same in both modes, and a code answer takes 2 steps after it. A 7B or "
             "NLD-3B SpecFold step costs about what vanilla's one-branch step (the eager model) costs (7B: 8.5 "
             "against 8.3 ms on math; NLD-3B: 5.6 against 5.5 ms), so its drafts come nearly free there. The "
-            "host's share of a "
-            "SpecFold step (plain passes): 3.5-7.2% at 1.5B, at most 2.8% at the larger shapes. The same "
+            "host's share of a SpecFold step (plain passes): 3.5-7.2% at 1.5B, at most 2.8% at the larger shapes. The same "
             "replays on another H100 machine (`bench/results/h100/trace_grid_repeat.json`: Spiffy eager left "
             "out, and vanilla at NLD-3B) put SpecFold against Spiffy under Inductor within 0.05 of these: "
             "1.16x / 1.06x / 1.19x, 1.40x / 1.18x / 1.51x, 1.23x / 1.13x / 1.30x.",
