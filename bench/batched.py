@@ -173,7 +173,6 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
             j = pending.popleft()
             decode = _as(engine.new_decode(requests[j]["prompt"], params), _Forcing)
             decode.forced, decode.tally = requests[j]["forced"], (tally, engine.stats)
-            decode.gates = len(model.layers)  # the engine's SpecFold gates: one a decoder layer
             decodes[engine.submit(decode)] = (j, decode)
         if not engine.has_work:
             time.sleep(max(0.0, arrivals[pending[0]] - now))
@@ -253,7 +252,8 @@ def replay(args, trace: dict, name: str) -> list[dict]:
         kind = mode.removesuffix(COMPILED)  # the engine's mode, and the record's
         if kind not in trace["modes"]:
             raise SystemExit(f"--modes {mode}: the record has {trace['modes']} (record again with the mode served)")
-        recorded = [{"record": r[kind], "forced": forced_tensors(r[kind], table, trace["mask_token_id"]), "prompt": p}
+        recorded = [{"record": r[kind], "prompt": p,
+                     "forced": forced_tensors(r[kind], table, trace["mask_token_id"], len(model.layers))}
                     for r, p in zip(trace["requests"], prompts)]
 
         def workload(n: int) -> list[dict]:

@@ -43,15 +43,9 @@ class _Forcing:
         return call["rows"]
 
     def forced_fold_masks(self):
-        """A SpecFold record's masks of this call: gate ``g`` of the replay model takes the record's gate
-        ``g * G_record // G`` (``step_forcing.recorded_gates``, as ``bench.trace_driven`` maps them), so
-        the replay's work is the record's."""
-        masks = self.forced["calls"][len(self.steps)].get("fold_masks")
-        if masks is None:
-            return None
-        from specfold_compile.decoding.step_forcing import recorded_gates
-
-        return masks[recorded_gates(masks.shape[0], self.gates)]
+        """A SpecFold record's masks of this call, already spread over the replay model's gates
+        (``forced_tensors``), so the replay's work is the record's."""
+        return self.forced["calls"][len(self.steps)].get("fold_masks")
 
     def accept(self, conf_masked, tok_masked):
         call = self.forced["calls"][len(self.steps)]
@@ -109,11 +103,17 @@ def _as(decode, mixin):
     return decode
 
 
-def forced_tensors(rec: dict, table: torch.Tensor, mask: int) -> dict:
+def forced_tensors(rec: dict, table: torch.Tensor, mask: int, gates: int) -> dict:
     """A recorded request's tensors in the replay model's vocabulary (int64, CPU); ``masked``: a call's
-    masked positions (``mask``: the record's mask id), whose logits it computes."""
+    masked positions (``mask``: the record's mask id), whose logits it computes; a SpecFold record's fold
+    masks spread over the replay model's ``gates`` (gate ``g`` takes the record's gate ``g * G_record //
+    gates``, ``step_forcing.recorded_gates``, as ``bench.trace_driven`` maps them), here before the timed
+    runs rather than at every call."""
+    from specfold_compile.decoding.step_forcing import recorded_gates
+
     mapped = lambda t: table[t.long()]  # noqa: E731
+    spread = lambda m: None if m is None else m[recorded_gates(m.shape[0], gates)]  # noqa: E731
     return {"starts": [mapped(s) for s in rec["starts"]],
             "calls": [{"rows": mapped(c["rows"]), "parents": c["parents"], "accepted": c["accepted"],
                        "state": mapped(c["state"]), "masked": int((c["rows"] == mask).sum()),
-                       "fold_masks": c.get("fold_masks")} for c in rec["calls"]]}
+                       "fold_masks": spread(c.get("fold_masks"))} for c in rec["calls"]]}

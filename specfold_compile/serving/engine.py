@@ -239,12 +239,12 @@ class Engine:
         seeds = self._prefill_replayed(admitted) if self.graphs is not None else {}
         for decode in admitted:
             try:
-                prefill_ids = decode.layout.prefill_ids.to(self.device)
                 if decode in seeds:
                     self.stats.prefills += 1
                     decode.start_block(seeds[decode])
-                elif prefill_ids.numel():
-                    cache = self.model.prefill(prefill_ids, block_causal=decode.layout.block_causal)
+                elif decode.layout.prefill_ids.numel():  # a launched prefill: only it needs the ids on the device
+                    cache = self.model.prefill(decode.layout.prefill_ids.to(self.device),
+                                               block_causal=decode.layout.block_causal)
                     self.pool.load(decode.slot, cache.keys, cache.values)
                     self.stats.prefills += 1
                     decode.start_block(seed_tokens(cache.next_logits[None], decode.mask_id)[0])
