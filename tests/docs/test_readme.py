@@ -60,14 +60,27 @@ def test_readme_is_short():
 
 
 def test_headline_rows_need_both_compared_modes_and_dash_the_others():
-    """A shape run without Spiffy eager (or vanilla) still gets its row, those cells "-"; a row without
-    Spiffy under Inductor or SpecFold, whose ratio the table gives, is left out."""
+    """A shape run without Spiffy eager (or vanilla) still gets its row, those cells "-"; a mode no row has
+    is no column; a row without Spiffy under Inductor or SpecFold, whose ratio the table gives, is left out;
+    the boundaries column shows only where rows differ in it."""
     data = json.loads((report.RESULTS / "h200" / "end_to_end.json").read_text())
-    traced = [r for r in data["rows"] if r["trace_driven"] and r["model"] == "fast-dllm-v2-1.5b"]
-    full = report.render_e2e_headline({**data, "rows": traced})
-    no_eager = report.render_e2e_headline({**data, "rows": [r for r in traced if r["mode"] != "spiffy"]})
-    assert len(no_eager) == len(full) > 2
-    assert all(line.split(" | ")[4] == "-" for line in no_eager[2:])
-    assert [line.split(" | ")[5:] for line in no_eager] == [line.split(" | ")[5:] for line in full]
+    traced = [r for r in data["rows"] if r["trace_driven"] and r["mode"] != "spiffy"]
+    eager = [{**r, "mode": "spiffy", "tokens_per_s": r["tokens_per_s"] / 2} for r in traced
+             if r["mode"] == "spiffy_compiled"]
+    shapes = {r["model"] for r in traced}
+    assert len(shapes) >= 2, "the headline data needs two shapes"
+    one = sorted(shapes)[0]
+    full = report.render_e2e_headline({**data, "rows": traced + eager})
+    partial = report.render_e2e_headline({**data, "rows": traced + [r for r in eager if r["model"] == one]})
+    none = report.render_e2e_headline({**data, "rows": traced})
+    assert len(full) == len(partial) == len(none) > 2
+    assert "Spiffy, eager (tokens/s)" in full[0] == partial[0] and "Spiffy, eager" not in none[0]
+    column = full[0].split(" | ").index("Spiffy, eager (tokens/s)")
+    dashed = [line.split(" | ")[column] == "-" for line in partial[2:]]
+    assert any(dashed) and not all(dashed)
+    assert [line.split(" | ")[column + 1:] for line in partial] == [line.split(" | ")[column + 1:] for line in full]
+    assert "block boundaries" not in full[0]
+    fused = [{**r, "fuse_boundaries": True} for r in traced]
+    assert "block boundaries" in report.render_e2e_headline({**data, "rows": traced + fused})[0]
     no_baseline = report.render_e2e_headline({**data, "rows": [r for r in traced if r["mode"] != "spiffy_compiled"]})
     assert len(no_baseline) == 2  # the header and its rule only
