@@ -271,6 +271,29 @@ SECTIONS = [
             "these shapes, and repeated runs of the same point differ by up to a half (the next section's single "
             "runs of some of the same points: 7B Spiffy at 4 requests, 156 there against 339 here).",
             render_batched),
+    Section("The serving engine from CUDA graphs, host loop (H200)", "h200/batched_host.json",
+            "python -m bench.batched replay --trace batched_trace.pt --device cuda --attention ragged --concurrency "
+            "16,64 --repeats 1 --cuda-graphs on --fold-capacity record --models MODEL --modes MODES --out RUN.json "
+            "(fast-dllm-v2-1.5b: vanilla_compiled,spiffy_compiled,specfold_compiled in one process; "
+            "fast-dllm-v2-7b with --pool-tokens 4096: the two speculative modes in one process, vanilla_compiled "
+            "in another), merged with python -m bench.plot bench/results/h200/batched_host.json RUN.json ...",
+            "As the section above, every mode under Inductor with its passes replayed from CUDA graphs, the "
+            "engine's default host loop, each gate's recorded capacity ('capacity a gate'), 4 requests a slot, "
+            "one timed run a point. SpecFold against Spiffy: 1.41x / 1.88x at 1.5B (16 / 64 requests at once), "
+            "2.01x / 2.45x at 7B; against vanilla 0.57x / 0.47x and 0.55x / 0.49x (docs/serving.md says why "
+            "vanilla stays ahead at these concurrencies).", render_batched),
+    Section("Sixteen requests at once over 256 requests (H200)", "h200/batched_c16_repeats.json",
+            "python -m bench.batched replay --trace batched_trace.pt --device cuda --attention ragged --concurrency "
+            "16 --per-slot 16 --repeats 3 --cuda-graphs on --fold-capacity record --models MODEL --modes "
+            "spiffy_compiled,specfold_compiled --out RUN.json (one process a shape, fast-dllm-v2-7b with "
+            "--pool-tokens 4096), merged with python -m bench.plot bench/results/h200/batched_c16_repeats.json "
+            "RUN.json ...",
+            "The two compiled speculative modes of the section above at 16 slots with 16 requests a slot, so "
+            "that the engine runs full for most of the run; 3 timed runs a point, the one of median wall time "
+            "kept. SpecFold against Spiffy: 1.46x at 1.5B (3060 / 2092 tokens/s), 2.12x at 7B (1175 / 555). "
+            "The host's time outside the replayed passes (`host_s`) is about the same in both modes: 0.33 / "
+            "0.30 s at 1.5B and 0.35 / 0.30 s at 7B (SpecFold / Spiffy), against forwards (`verify_s`) of 1.27 "
+            "/ 2.18 s and 3.85 / 9.42 s.", render_batched),
     Section("What a packed batch of rows costs a decoder layer", "h200/packed_rows.json",
             "python -m bench.packed_rows --models fast-dllm-v2-1.5b,fast-dllm-v2-7b",
             "One decoder layer's position-wise parts (q/k/v with RoPE, output projection, MLP), random bf16 "
