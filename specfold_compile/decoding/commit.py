@@ -125,16 +125,18 @@ def commit(state: torch.Tensor, conf: torch.Tensor, tok: torch.Tensor, mask_id: 
     return out
 
 
-def rank_masked_positions(state: torch.Tensor, conf: torch.Tensor, mask_id: int,
+def rank_masked_positions(state: torch.Tensor | list[int], conf: torch.Tensor | list[float], mask_id: int,
                           sub_block_size: int | None) -> list[int]:
     """Masked positions of ``state`` in draft-rank order (rank 1 first).
 
     Decode order first: for sub-blocked models the current sub-block's masked positions, then the next
     sub-block's, ...; within a window by descending ``conf`` (ties -> lower position). Without
-    sub-blocks the whole block is one window.
+    sub-blocks the whole block is one window. ``state`` and ``conf`` may be plain lists (``build_drafts``
+    has them: a scan of a block's ints in Python costs less than ``nonzero`` and its read).
     """
-    masked = (state == mask_id).nonzero().flatten().tolist()
-    cl = conf.tolist()
+    state = state.tolist() if isinstance(state, torch.Tensor) else state
+    masked = [p for p, x in enumerate(state) if x == mask_id]
+    cl = conf.tolist() if isinstance(conf, torch.Tensor) else conf
     if sub_block_size is None:
         return sorted(masked, key=lambda p: (-cl[p], p))
     return sorted(masked, key=lambda p: (p // sub_block_size, -cl[p], p))

@@ -18,6 +18,7 @@ Ranks are 1-based and lie in ``1..block_size-1`` (position 0 of a block is alway
 from __future__ import annotations
 
 import functools
+import heapq
 import json
 import math
 import os
@@ -274,15 +275,19 @@ def prune_nodes(scores: list[float], parents: list[tuple[int, ...]], budget: int
     t = [0.0] * n
     for i in range(n - 1, -1, -1):
         t[i] = scores[i] * (1.0 + sum(t[c] for c in children[i]))
+    # the reachable nodes in a heap by (-t, index): the greedy's next pick is its smallest entry (a node
+    # reached through several parents is pushed once per parent and skipped once chosen)
+    frontier = [(-t[i], i) for i in range(n) if not parents[i] or -1 in parents[i]]
+    heapq.heapify(frontier)
     chosen: set[int] = set()
-    frontier = {i for i in range(n) if not parents[i] or -1 in parents[i]}
     while frontier and len(chosen) < budget:
-        best = min(frontier, key=lambda i: (-t[i], i))
-        frontier.discard(best)
+        _, best = heapq.heappop(frontier)
+        if best in chosen:
+            continue
         chosen.add(best)
         for c in children[best]:
             if c not in chosen:
-                frontier.add(c)
+                heapq.heappush(frontier, (-t[c], c))
     return sorted(chosen)
 
 
@@ -293,6 +298,44 @@ class Drafts:
     states: list[torch.Tensor]          # [B] int64 each
     parents: list[int]                  # fold parent row (0 = main) for each draft, in row numbering
     keys: list[tuple[int, ...]]         # rank sets (sorted), for stats / debugging
+
+
+@functools.lru_cache(maxsize=256)
+def _candidates(graph: DraftGraph, m: int) -> tuple[tuple, tuple, tuple, tuple]:
+    """What ``build_drafts`` makes of ``graph`` on a state of ``m`` masked positions, which depends on
+    nothing else (so once per graph and ``m``): its distinct drafts in topological order (by rank count,
+    then first appearance), each one's ranks (as its effective set iterates them, which fixes the order
+    of its score's sum), the same sorted (the draft's key), and its parents among the drafts (candidate
+    indices, sorted; ``-1``: the root). A node's effective ranks are those that exist (<= ``m``); nodes
+    with the same effective ranks merge; a node with none is the root, and one with all ``m`` a finished
+    block, never verified (its descendants are supersets: finished too)."""
+    cand_of_key: dict[frozenset, int] = {}
+    keys: list[frozenset] = []
+    parents: list[set] = []
+    node_cand: list = []  # node -> candidate id (-1 the root, None dropped)
+    for j, (_, s) in enumerate(graph.nodes):
+        eff = frozenset(r for r in s if r <= m)
+        if not eff:
+            node_cand.append(-1)
+            continue
+        if len(eff) == m:
+            node_cand.append(None)
+            continue
+        c = cand_of_key.get(eff)
+        if c is None:
+            c = len(keys)
+            cand_of_key[eff] = c
+            keys.append(eff)
+            parents.append(set())
+        node_cand.append(c)
+        for p in graph.parents[j]:
+            if node_cand[p] is not None and node_cand[p] != c:
+                parents[c].add(node_cand[p])
+        if not graph.parents[j]:
+            parents[c].add(-1)
+    topo = sorted(range(len(keys)), key=lambda c: (len(keys[c]), c))
+    return (tuple(topo), tuple(tuple(k) for k in keys), tuple(tuple(sorted(k)) for k in keys),
+            tuple(tuple(sorted(p)) for p in parents))
 
 
 def build_drafts(root: torch.Tensor, conf: torch.Tensor, tok: torch.Tensor, graph: DraftGraph,
@@ -308,62 +351,28 @@ def build_drafts(root: torch.Tensor, conf: torch.Tensor, tok: torch.Tensor, grap
     parent means the root).
     Score = geometric mean of ``conf`` over the draft's tokens. Fold parent = first parent in row order.
     """
-    order = rank_masked_positions(root, conf, mask_id, sub_block_size)
+    # plain lists: one call builds a state for every graph node, tensors only for the kept rows
+    root_list, conf_list = root.tolist(), conf.tolist()
+    order = rank_masked_positions(root_list, conf_list, mask_id, sub_block_size)
     m = len(order)
     if budget <= 0 or m == 0 or len(graph) == 0:
         return Drafts([], [], [])
-    logc = [math.log(max(float(c), 1e-30)) for c in conf.tolist()]
+    topo, ranks, keys, cand_parents = _candidates(graph, m)
+    tok_list = tok.tolist()
 
-    # candidate per distinct effective key; node -> candidate id (or -1 for root, None for dropped)
-    cand_of_key: dict[frozenset, int] = {}
-    cand_keys: list[frozenset] = []
-    cand_parents: list[set] = []
-    node_cand: list = []
-    for j, (_, s) in enumerate(graph.nodes):
-        eff = frozenset(r for r in s if r <= m)
-        if not eff:
-            node_cand.append(-1)
-            continue
-        if len(eff) == m:  # complete w.r.t. masked positions -> finished block, never verified
-            node_cand.append(None)
-            continue
-        c = cand_of_key.get(eff)
-        if c is None:
-            c = len(cand_keys)
-            cand_of_key[eff] = c
-            cand_keys.append(eff)
-            cand_parents.append(set())
-        node_cand.append(c)
-        for p in graph.parents[j]:
-            pc = node_cand[p]
-            if pc is None:
-                continue  # parent complete => so is this node; cannot happen, kept for safety
-            if pc != c:
-                cand_parents[c].add(pc)
-        if not graph.parents[j]:
-            cand_parents[c].add(-1)
-
-    # states (plain lists: one call builds them for every graph node, tensors only for the kept rows),
-    # finished filter
-    root_list, tok_list = root.tolist(), tok.tolist()
-    states = []
-    alive = []
-    for key in cand_keys:
+    # states, finished ones dropped (a finished draft's descendants are finished too: supersets)
+    idx, states = [], {}
+    for c in topo:
         st = list(root_list)
-        for r in key:
+        for r in ranks[c]:
             st[order[r - 1]] = tok_list[order[r - 1]]
-        states.append(st)
-        alive.append(not (is_finished is not None and is_finished(st)))
-    # a finished candidate's descendants are finished too (supersets), so just drop them
-
-    # topological order: strict-subset parents have smaller keys; sort by (size, first appearance)
-    idx = [c for c in range(len(cand_keys)) if alive[c]]
-    idx.sort(key=lambda c: (len(cand_keys[c]), c))
+        if is_finished is None or not is_finished(st):
+            idx.append(c)
+            states[c] = st
     pos_of = {c: i for i, c in enumerate(idx)}
     scores, parents = [], []
     for c in idx:
-        key = cand_keys[c]
-        scores.append(math.exp(sum(logc[order[r - 1]] for r in key) / len(key)))
+        scores.append(math.exp(sum(math.log(max(conf_list[order[r - 1]], 1e-30)) for r in ranks[c]) / len(ranks[c])))
         ps = sorted(pos_of[p] for p in cand_parents[c] if p != -1 and p in pos_of)
         if -1 in cand_parents[c]:
             ps.insert(0, -1)
@@ -373,10 +382,9 @@ def build_drafts(root: torch.Tensor, conf: torch.Tensor, tok: torch.Tensor, grap
     row_of = {i: r + 1 for r, i in enumerate(keep)}  # candidate position -> row number
     out_parents, out_keys = [], []
     for i in keep:
-        c = idx[i]
         ps = [0 if p == -1 else row_of[p] for p in parents[i] if p == -1 or p in row_of]
         out_parents.append(min(ps) if ps else 0)
-        out_keys.append(tuple(sorted(cand_keys[c])))
+        out_keys.append(keys[idx[i]])
     # one tensor for all kept rows (one torch.tensor call, not one per row), handed out as its rows
     kept = torch.tensor([states[idx[i]] for i in keep], dtype=root.dtype).reshape(len(keep), root.numel())
     return Drafts(list(kept.unbind(0)), out_parents, out_keys)

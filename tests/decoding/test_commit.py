@@ -64,6 +64,7 @@ def test_rank_order():
     c = cf(1.0, 0.2, 0.9, 0.5, 0.1, 0.95, 0.5, 0.3)
     assert rank_masked_positions(s, c, M, None) == [5, 2, 3, 6, 7, 1, 4]
     assert rank_masked_positions(s, c, M, 4) == [2, 3, 1, 5, 6, 7, 4]
+    assert rank_masked_positions(s.tolist(), c.tolist(), M, 4) == [2, 3, 1, 5, 6, 7, 4]  # lists, as build_drafts
 
 
 def test_block_finished():

@@ -165,6 +165,28 @@ def test_prune_ancestor_closed(dag, budget):
         assert -1 in parents[i] or any(p in ks for p in parents[i])
 
 
+def _greedy(scores, parents, budget):
+    """prune_nodes by its definition: subtree values, then the best reachable node until the budget."""
+    n = len(scores)
+    children = {i: [c for c in range(n) if i in parents[c]] for i in range(n)}
+    t = {}
+    for i in reversed(range(n)):
+        t[i] = scores[i] * (1.0 + sum(t[c] for c in children[i]))
+    chosen = []
+    while len(chosen) < min(budget, n):
+        reachable = [i for i in range(n) if i not in chosen
+                     and (not parents[i] or -1 in parents[i] or any(p in chosen for p in parents[i]))]
+        chosen.append(min(reachable, key=lambda i: (-t[i], i)))
+    return sorted(chosen)
+
+
+@settings(max_examples=150, deadline=None)
+@given(dags(), hs.integers(0, 30))
+def test_prune_is_the_greedy_by_subtree_value(dag, budget):
+    scores, parents = dag
+    assert prune_nodes(scores, parents, budget) == _greedy(scores, parents, budget)
+
+
 def test_prune_prefers_confident():
     # two chains from the root; the confident one is kept first
     scores = [0.1, 0.9, 0.1, 0.9]
