@@ -1,12 +1,13 @@
 """Where a ``bench.batched`` run's wall time goes, with graphs: the time spent inside the engine's
 replayed passes (``BatchGraphs.verify``; ``BatchGraphs.write`` for finished blocks; the batched prefills,
 ``Engine._prefill_replayed``, whose own writes count there), each from the host's view (input building,
-the replay and the read of its results, which waits for the GPU), and the rest (``host_s``): the engine's
-and the forcing's bookkeeping on the host. A replay's results are read before the next pass starts, so
-the passes do not overlap and the parts add up to the wall time (not so under ``Engine(loop="device")``,
-which reads a replayed forward's results after its bookkeeping: such a run is not split). And when the
-requests arrive (``arrival_times``), the latency percentiles (``percentile``) and the garbage collector's
-pauses during a run (``GcClock``)."""
+the replay and the read of its results, which waits for the GPU; a write read later,
+``BatchGraphs.write(read=False)``, counts that read too), and the rest (``host_s``): the engine's and the
+forcing's bookkeeping on the host (the rows it builds while a write runs included). A pass's results are
+read before the next pass starts, so the passes do not overlap and the parts add up to the wall time
+(not so under ``Engine(loop="device")``, which reads a replayed forward's results after its bookkeeping:
+such a run is not split). And when the requests arrive (``arrival_times``), the latency percentiles
+(``percentile``) and the garbage collector's pauses during a run (``GcClock``)."""
 
 from __future__ import annotations
 
@@ -36,10 +37,12 @@ class PassClock:
             self._prefilling = part == "prefill_s"
             t0 = time.perf_counter()
             try:
-                return fn(*args, **kwargs)
+                out = fn(*args, **kwargs)
             finally:
                 self.totals[part] += time.perf_counter() - t0
                 self._prefilling = False
+            # a write not waited for (``read=False``) returns its read, which waits for it: timed there too
+            return self._timed(out, part) if callable(out) else out
         return timed
 
     def close(self) -> None:

@@ -29,12 +29,11 @@ import torch
 
 from ..decoding import DEFAULTS, load_draft_graph
 from ..decoding.commit import confidence
-from ..decoding.defaults import CONFIDENCE_DTYPES
 from ..decoding.graph import default_graph
-from ..decoding.specfold import check_tau
 from ..reference import gate_count
 from .compiled import check_compile_layers, compiled_model
 from .device_steps import SlotSteps, share_drafts
+from .engine_args import SERVING_MODES, check_engine_args
 from .folded import verify_batch_folded
 from .forward import check_serving_model, engine_attention, verify_batch, write_blocks
 from .graphs import BatchGraphs, check_cuda_graphs, check_fold_capacity, shared_graphs
@@ -43,9 +42,6 @@ from .pool import KVPool, PoolExhausted
 from .request import RequestDecode, RequestParams, seed_tokens
 
 __all__ = ["Engine", "SERVING_MODES"]
-
-SERVING_MODES = ("vanilla", "spiffy", "specfold")
-
 
 class Engine:
     """Continuous batching over ``model`` (a ``BlockDiffusionLM``): module docstring.
@@ -84,34 +80,13 @@ class Engine:
                  fold_capacity: float | tuple[float, ...] = 0.5, compile_layers: bool | str = False,
                  max_verify_rows: int | None = None, loop: str = "host", compile_step: bool | str | None = None):
         check_serving_model(model)
-        if loop not in ("host", "device"):
-            raise ValueError(f"loop: expected 'host' or 'device', got {loop!r}")
-        if compile_step is not None and not isinstance(compile_step, (bool, str)):
-            raise ValueError(f"compile_step: expected None, a bool or a torch.compile backend's name, "
-                             f"got {compile_step!r}")
-        if compile_step not in (None, False) and loop != "device":
-            raise ValueError("compile_step: only loop='device' runs a step's bookkeeping as tensor ops")
-        if max_verify_rows is not None and (isinstance(max_verify_rows, bool) or not isinstance(max_verify_rows, int)
-                                            or max_verify_rows < 1):
-            raise ValueError(f"max_verify_rows: expected None or an int >= 1, got {max_verify_rows!r}")
+        tau = check_engine_args(mode, tau, confidence_dtype, max_waiting, max_verify_rows, loop, compile_step)
         self.max_verify_rows = max_verify_rows
         backend = check_compile_layers(compile_layers)
         self.device = model.embed_tokens.weight.device
         graphs = check_cuda_graphs(cuda_graphs, attention)
         check_fold_capacity(fold_capacity)
         self.attention = engine_attention("ragged" if graphs else attention, self.device)
-        if not isinstance(mode, str) or mode not in SERVING_MODES:
-            raise ValueError(f"mode: expected one of {SERVING_MODES}, got {mode!r}")
-        tau = check_tau(tau)
-        if mode == "specfold" and tau is None:
-            raise ValueError("tau: mode='specfold' needs the fold threshold, a number >= 0 (0 folds nothing)")
-        if mode != "specfold" and tau is not None:
-            raise ValueError(f"tau: only mode='specfold' folds, got mode={mode!r}")
-        if not isinstance(confidence_dtype, str) or confidence_dtype not in CONFIDENCE_DTYPES:
-            raise ValueError(f"confidence_dtype: expected one of {CONFIDENCE_DTYPES}, got {confidence_dtype!r}")
-        if max_waiting is not None and (isinstance(max_waiting, bool) or not isinstance(max_waiting, int)
-                                        or max_waiting < 0):
-            raise ValueError(f"max_waiting: expected None or an int >= 0, got {max_waiting!r}")
         block = int(model.config.block_size)
         self.graph = None
         if mode != "vanilla":
@@ -139,6 +114,7 @@ class Engine:
         self._waiting: deque[RequestDecode] = deque()
         self._running: list[RequestDecode] = []
         self._outputs: dict[int, RequestOutput] = {}
+        self._ahead: dict[RequestDecode, torch.Tensor] = {}  # rows built during a block write (_rows_ahead)
 
     # --- requests ---------------------------------------------------------------------------------
     def add_request(self, prompt_ids: torch.Tensor, params: RequestParams | None = None) -> int:
@@ -306,7 +282,9 @@ class Engine:
         on the load; SpecFold at ``tau > 0`` commits through its drafts' folded rows, so its tokens may
         then depend on the other requests (leave it None for batch-independent results)."""
         if self.max_verify_rows is None:
-            return [d.rows() for d in ready]
+            rows = [self._ahead.pop(d) if d in self._ahead else d.rows() for d in ready]
+            self._ahead.clear()  # rows of requests aborted since
+            return rows
         rows = []
 
         def take(d: RequestDecode, share: int) -> int:
@@ -314,6 +292,18 @@ class Engine:
             return int(rows[-1].shape[0]) - 1
         share_drafts(ready, self.max_verify_rows, take)
         return rows
+
+    def _rows_ahead(self, writing: list[RequestDecode]) -> None:
+        """While a block write runs on the device, the next verification rows of the requests it does not
+        write (their state stays as it is until that forward: ``rows_for`` takes them). Only where the
+        rows do not depend on the next step's other requests (no ``max_verify_rows``) and the host builds
+        them (the host loop)."""
+        if self.max_verify_rows is not None or self.device_steps is not None:
+            return
+        for d in self._running:
+            if d not in writing and d not in self._ahead and not d.block_done():
+                self._ahead[d] = d.rows()
+                self.stats.rows_built_ahead += 1
 
     def _verify(self, ready: list[RequestDecode], events: list[BlockOutput]) -> None:
         steps = self.device_steps
@@ -425,8 +415,10 @@ class Engine:
             if not to_write:
                 return
             slots = [d.slot for d in to_write]
-            if self.graphs is not None:
-                seeds = self.graphs.write(slots, [d.state for d in to_write])
+            if self.graphs is not None:  # the write replayed; the next rows built while it runs, then its seeds
+                read_seeds = self.graphs.write(slots, [d.state for d in to_write], read=False)
+                self._rows_ahead(to_write)
+                seeds = read_seeds()
             else:
                 next_logits = write_blocks(self.model, self.pool, slots, [d.state.to(self.device) for d in to_write],
                                            attention=self.attention)

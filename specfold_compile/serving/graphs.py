@@ -339,10 +339,11 @@ class BatchGraphs:
         return conf, tok, torch.cat((torch.stack(gates.masks), flag), dim=1)
 
     # --- block writes -----------------------------------------------------------------------------
-    def write(self, slots: list[int], blocks: list[Tensor]) -> list[int]:
-        """Append one finished block (int64 ``[S]``, host) to each slot's prefix, as
-        ``forward.write_blocks``; returns each request's next-block seed token (the argmax, the mask
-        excluded, of its last position's logits: ``request.seed_tokens``)."""
+    def write(self, slots: list[int], blocks: list[Tensor], read: bool = True):
+        """Append one finished block (int64 ``[S]``, host) to each slot's prefix, as ``forward.write_blocks``;
+        returns each request's next-block seed token (the argmax, the mask excluded, of its last position's
+        logits: ``request.seed_tokens``), or (``read=False``) at once a function that waits and reads them:
+        the host may work meanwhile, and calls it before the next pass, whose replay reuses the buffers."""
         s, n = int(blocks[0].shape[0]), len(blocks)
         for slot in slots:
             self.pool._check_room(slot, s, self.pool.lengths[slot])
@@ -355,7 +356,7 @@ class BatchGraphs:
         graph = self._run(("write", s, q_pad), [inputs], None, lambda g: self._write_call(g, s, q_pad))
         for slot in slots:
             self.pool.advance(slot, s)
-        return graph.outputs[0][:n].tolist()
+        return graph.outputs[0][:n].tolist() if read else graph.outputs[0][:n].tolist
 
     def _write_call(self, graph: _Graph, s: int, q_pad: int):
         model, pool = self.model, self.pool

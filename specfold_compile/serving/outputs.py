@@ -54,7 +54,8 @@ class EngineStats:
     """What the engine ran: verification forwards (and the rows and requests they covered), batched block
     writes, prefills; under SpecFold the draft positions its gates saw (summed over gates) and folded,
     and (``cuda_graphs``) the replays of a forward that overflowed a graph's packed rows, each replayed
-    again from the next capacity level's graph."""
+    again from the next capacity level's graph, and the calls whose rows the host built while a block
+    write ran on the device (``Engine._rows_ahead``)."""
 
     verify_calls: int = 0
     verify_rows: int = 0
@@ -65,6 +66,7 @@ class EngineStats:
     gated_draft_positions: int = 0
     folded_draft_positions: int = 0
     overflows: int = 0
+    rows_built_ahead: int = 0
 
     @property
     def recompute_ratio(self) -> float:

@@ -123,6 +123,28 @@ def test_eager_graphs_decode_the_launched_tokens(family, mode, tau, attention):
     assert graphs.pool.used_slots == 0
 
 
+def test_rows_built_while_a_block_write_runs_are_the_rows_after_it():
+    """The replayed engine builds the next rows of the requests a block write leaves alone while that write
+    runs (``Engine._rows_ahead``): the tokens and forwards stay the launched engine's, and with
+    ``max_verify_rows`` (rows shared out among the next step's requests) none is built ahead."""
+    model = tiny_model(FAMILIES[0])
+    workload = _workload(seed=5, lengths=(5, 12), budgets=(30, 12), thresholds=(0.1, 0.5))
+
+    def run(engine):
+        ids = [engine.add_request(p, r) for p, r in workload]
+        list(engine.run())
+        return [engine.output(i).result.tokens for i in ids], engine.stats
+
+    want, launched = run(Engine(model, 2, MAX_TOKENS, mode="spiffy", attention="ragged"))
+    got, replayed = run(Engine(model, 2, MAX_TOKENS, mode="spiffy", cuda_graphs="eager"))
+    assert got == want and launched.rows_built_ahead == 0
+    assert (replayed.verify_calls, replayed.verify_rows, replayed.write_calls) == (
+        launched.verify_calls, launched.verify_rows, launched.write_calls)
+    assert replayed.write_calls > 0 and replayed.rows_built_ahead > 0
+    limited = Engine(model, 2, MAX_TOKENS, mode="spiffy", cuda_graphs="eager", max_verify_rows=4)
+    assert run(limited)[0] == want and limited.stats.rows_built_ahead == 0
+
+
 def test_kept_fold_masks_survive_later_replays():
     """The fold masks an engine keeps (``RequestOutput.fold_masks``), read after the run, are those it
     recorded in each step (there the launched engine's: ``test_eager_graphs_decode_the_launched_tokens``),
