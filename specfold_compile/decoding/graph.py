@@ -304,9 +304,9 @@ class Drafts:
 def _candidates(graph: DraftGraph, m: int) -> tuple[tuple, tuple, tuple, tuple]:
     """What ``build_drafts`` makes of ``graph`` on a state of ``m`` masked positions, which depends on
     nothing else (so once per graph and ``m``): its distinct drafts in topological order (by rank count,
-    then first appearance), each one's ranks (as its effective set iterates them, which fixes the order
-    of its score's sum), the same sorted (the draft's key), and its parents among the drafts (candidate
-    indices, sorted; ``-1``: the root). A node's effective ranks are those that exist (<= ``m``); nodes
+    then first appearance), each one's ranks less one (as its effective set iterates them, which fixes
+    the order of its score's sum), its ranks sorted (the draft's key), and its parents among the drafts
+    (candidate indices, sorted; ``-1``: the root). A node's effective ranks are those that exist (<= ``m``); nodes
     with the same effective ranks merge; a node with none is the root, and one with all ``m`` a finished
     block, never verified (its descendants are supersets: finished too)."""
     cand_of_key: dict[frozenset, int] = {}
@@ -334,7 +334,7 @@ def _candidates(graph: DraftGraph, m: int) -> tuple[tuple, tuple, tuple, tuple]:
         if not graph.parents[j]:
             parents[c].add(-1)
     topo = sorted(range(len(keys)), key=lambda c: (len(keys[c]), c))
-    return (tuple(topo), tuple(tuple(k) for k in keys), tuple(tuple(sorted(k)) for k in keys),
+    return (tuple(topo), tuple(tuple(r - 1 for r in k) for k in keys), tuple(tuple(sorted(k)) for k in keys),
             tuple(tuple(sorted(p)) for p in parents))
 
 
@@ -359,20 +359,22 @@ def build_drafts(root: torch.Tensor, conf: torch.Tensor, tok: torch.Tensor, grap
         return Drafts([], [], [])
     topo, ranks, keys, cand_parents = _candidates(graph, m)
     tok_list = tok.tolist()
+    tok_at = [tok_list[p] for p in order]  # by rank - 1, as the candidates' ranks index them
+    logc_at = [math.log(max(conf_list[p], 1e-30)) for p in order]
 
     # states, finished ones dropped (a finished draft's descendants are finished too: supersets)
     idx, states = [], {}
     for c in topo:
         st = list(root_list)
         for r in ranks[c]:
-            st[order[r - 1]] = tok_list[order[r - 1]]
+            st[order[r]] = tok_at[r]
         if is_finished is None or not is_finished(st):
             idx.append(c)
             states[c] = st
     pos_of = {c: i for i, c in enumerate(idx)}
     scores, parents = [], []
     for c in idx:
-        scores.append(math.exp(sum(math.log(max(conf_list[order[r - 1]], 1e-30)) for r in ranks[c]) / len(ranks[c])))
+        scores.append(math.exp(sum(map(logc_at.__getitem__, ranks[c])) / len(ranks[c])))
         ps = sorted(pos_of[p] for p in cand_parents[c] if p != -1 and p in pos_of)
         if -1 in cand_parents[c]:
             ps.insert(0, -1)
