@@ -306,9 +306,9 @@ def _candidates(graph: DraftGraph, m: int) -> tuple[tuple, tuple, tuple, tuple]:
     nothing else (so once per graph and ``m``): its distinct drafts in topological order (by rank count,
     then first appearance), each one's ranks less one (as its effective set iterates them, which fixes
     the order of its score's sum), its ranks sorted (the draft's key), and its parents among the drafts
-    (candidate indices, sorted; ``-1``: the root). A node's effective ranks are those that exist (<= ``m``); nodes
-    with the same effective ranks merge; a node with none is the root, and one with all ``m`` a finished
-    block, never verified (its descendants are supersets: finished too)."""
+    (candidate indices, sorted; ``-1``: the root). A node's effective ranks are those that exist
+    (<= ``m``); nodes with the same effective ranks merge; a node with none is the root, and one with all
+    ``m`` a finished block, never verified (its descendants are supersets: finished too)."""
     cand_of_key: dict[frozenset, int] = {}
     keys: list[frozenset] = []
     parents: list[set] = []
