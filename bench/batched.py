@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import time
@@ -142,12 +143,13 @@ def record(args) -> dict:
 
 # --- replay --------------------------------------------------------------------------------------
 def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: bool,
-          attention: str = "auto", graphs=None, compile_layers: bool | str = False, loop: str = "host") -> dict:
+          attention: str = "auto", graphs=None, compile_layers: bool | str = False, loop: str = "host",
+          rows_ahead: bool = True) -> dict:
     """One timed run: ``requests`` (recorded request, forced tensors, mapped prompt) served by an engine of
     ``concurrency`` slots as they arrive; the row's numbers and whether every request followed its record.
     ``graphs``: a ``serving.graphs.BatchGraphs`` the engine replays its passes from (None: launched);
     ``compile_layers``: the engine's (its graphs' with ``graphs``); ``loop``: the engine's (``force_slots``
-    forces the device loop's calls)."""
+    forces the device loop's calls); ``rows_ahead``: the engine's switch of that name."""
     from specfold_compile.serving import Engine, RequestParams
 
     params = RequestParams(max_new_tokens=args.max_new_tokens, draft_budget=args.draft_budget,
@@ -161,6 +163,7 @@ def serve(model, mode: str, concurrency: int, requests: list[dict], args, cuda: 
                     cuda_graphs=False if graphs is None else graphs, compile_layers=compile_layers,
                     max_verify_rows=None if mode == "vanilla" else args.max_verify_rows, loop=loop,
                     compile_step=False if args.eager_step else None)
+    engine.rows_ahead = rows_ahead
     # the device loop reads a replayed forward's results only after its bookkeeping: no split of its time
     clock = None if graphs is None or loop == "device" else PassClock(engine)
     pending, decodes, done, tally = deque(range(len(requests))), {}, {}, {}
@@ -303,11 +306,13 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
     warm_s = time.perf_counter() - t0
     if args.freeze_gc:
         freeze_collector()
-    for c in args.concurrency:
+    # rows built ahead exist in the host loop with graphs only (Engine._rows_ahead): one value elsewhere
+    aheads = args.rows_ahead if graphed and loop == "host" and kind != "vanilla" else (True,)
+    for c, ahead in itertools.product(args.concurrency, aheads):
         n, compiled = max(args.requests, args.per_slot * c), _graphs_compiled()
         captured = graphs.captures if graphed else 0
         try:
-            runs = sorted((serve(model, kind, c, workload(n), args, cuda, attention, graphs, compile_layers, loop)
+            runs = sorted((serve(model, kind, c, workload(n), args, cuda, attention, graphs, compile_layers, loop, ahead)
                            for _ in range(args.repeats)), key=lambda r: r["wall_s"])
         except torch.OutOfMemoryError as exc:  # this point has no row; the file's setup names it
             args.out_of_memory.append({"model": name, "mode": mode, "attention": attention, "concurrency": c,
@@ -323,6 +328,7 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
                "warmup_s": warm_s, "compiles_while_timed": _graphs_compiled() - compiled,
                "cuda_graphs": graphed, "captures_while_timed": (graphs.captures - captured) if graphed else 0,
                "loop": loop, "compile_step": loop == "device" and cuda and not args.eager_step,
+               **({} if len(aheads) == 1 else {"rows_ahead": ahead}),
                "arrival": args.arrival if args.arrival == "closed" else f"poisson {args.rate:g}/s",
                "record": {"model": recorded_by, "mode": kind},
                "draft_budget": 0 if kind == "vanilla" else args.draft_budget,  # the record's (run_command)
@@ -418,6 +424,7 @@ def main(argv=None) -> int:
     args.out_of_memory = []
     args.cuda_graphs = tuple(v == "on" for v in args.cuda_graphs.split(","))
     args.loop = tuple(args.loop.split(","))
+    args.rows_ahead = tuple(v == "on" for v in args.rows_ahead.split(","))
     parse_capacity_arguments(ap, args)
     return run_command(ap, args, out, record, replay, "batched", lambda trace: {
         "trace": args.trace, "record_model": trace["model"], "recorded_requests": len(trace["requests"]),

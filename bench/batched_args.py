@@ -19,6 +19,9 @@ def add_engine_arguments(ap) -> None:
     ap.add_argument("--loop", default="host", choices=("host", "device", "host,device"),
                     help="replay: Engine(loop=...), where each step's bookkeeping runs ('host,device' both, a row's "
                          "loop says which)")
+    ap.add_argument("--rows-ahead", default="on", choices=("on", "off", "on,off"),
+                    help="replay --loop host with graphs: the engine's rows_ahead (off: every row built after a block "
+                         "write's seeds are read; 'on,off' both, timed on the same graphs, a row's rows_ahead says which)")
     ap.add_argument("--eager-step", action="store_true",
                     help="replay --loop device: Engine(compile_step=False), the step's bookkeeping not compiled")
     ap.add_argument("--pool-tokens", type=int, default=None,

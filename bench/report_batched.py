@@ -24,6 +24,8 @@ def _series_label(series: str) -> str:
     for loop in ("+device loop", "+device loop, eager step"):  # Engine(loop="device"): the bookkeeping on the device
         if series.endswith(loop):
             return _series_label(series.removesuffix(loop)) + ", " + loop[1:]
+    if series.endswith("+no rows ahead"):  # the engine's rows_ahead off
+        return _series_label(series.removesuffix("+no rows ahead")) + ", rows built after each write"
     mode, *paths = series.split("+")
     rows = next((p.removeprefix("rows ") for p in paths if p.startswith("rows ")), None)
     if rows is not None:  # Engine(max_verify_rows=R): drafts cut under load

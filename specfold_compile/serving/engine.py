@@ -115,6 +115,8 @@ class Engine:
         self._running: list[RequestDecode] = []
         self._outputs: dict[int, RequestOutput] = {}
         self._ahead: dict[RequestDecode, torch.Tensor] = {}  # rows built during a block write (_rows_ahead)
+        # switch: False builds every row after the block write's seeds are read (to bisect or measure it)
+        self.rows_ahead = True
 
     # --- requests ---------------------------------------------------------------------------------
     def add_request(self, prompt_ids: torch.Tensor, params: RequestParams | None = None) -> int:
@@ -298,7 +300,7 @@ class Engine:
         write (their state stays as it is until that forward: ``rows_for`` takes them). Only where the
         rows do not depend on the next step's other requests (no ``max_verify_rows``) and the host builds
         them (the host loop)."""
-        if self.max_verify_rows is not None or self.device_steps is not None:
+        if self.max_verify_rows is not None or self.device_steps is not None or not self.rows_ahead:
             return
         for d in self._running:
             if d not in writing and d not in self._ahead and not d.block_done():

@@ -323,6 +323,19 @@ def test_fold_capacity_record_gives_a_share_a_gate(short_trace, tmp_path):
     assert "SpecFold, CUDA graphs, capacity a gate x 1.5 (tokens/s)" in header
 
 
+def test_rows_ahead_on_and_off_are_their_own_series(short_trace, tmp_path):
+    """``--rows-ahead on,off``: the host loop with graphs timed with the engine's ``rows_ahead`` on and off
+    on the same graphs, the same recorded calls; each value its own series and point."""
+    rows = _replay(short_trace, tmp_path / "ahead.json", "--modes", "spiffy", "--cuda-graphs", "on", "--attention",
+                   "ragged", "--rows-ahead", "on,off", "--concurrency", "1", "--requests", "1", "--per-slot", "1")["rows"]
+    assert [r["rows_ahead"] for r in rows] == [True, False] and all(r["trace_reproduced"] for r in rows)
+    assert rows[0]["tokens"] == rows[1]["tokens"] and rows[0]["verify_calls"] == rows[1]["verify_calls"]
+    assert [plot.serving_series(r) for r in rows] == ["spiffy+ragged+graphs", "spiffy+ragged+graphs+no rows ahead"]
+    assert len({plot._point(r) for r in rows}) == 2  # a merge keeps both
+    header = report.render_batched_headline({"rows": rows})[0]
+    assert "| Spiffy, eager, CUDA graphs, rows built after each write (tokens/s) |" in header
+
+
 def test_fold_capacity_values_are_checked(capsys):
     for bad in ("0", "1.5", "record:0", "half"):
         with pytest.raises(SystemExit):

@@ -125,8 +125,8 @@ def test_eager_graphs_decode_the_launched_tokens(family, mode, tau, attention):
 
 def test_rows_built_while_a_block_write_runs_are_the_rows_after_it():
     """The replayed engine builds the next rows of the requests a block write leaves alone while that write
-    runs (``Engine._rows_ahead``): the tokens and forwards stay the launched engine's, and with
-    ``max_verify_rows`` (rows shared out among the next step's requests) none is built ahead."""
+    runs (``Engine._rows_ahead``): the tokens and forwards stay the launched engine's; none is built ahead
+    with ``max_verify_rows`` (rows shared out among the next step's requests) or ``rows_ahead`` off."""
     model = tiny_model(FAMILIES[0])
     workload = _workload(seed=5, lengths=(5, 12), budgets=(30, 12), thresholds=(0.1, 0.5))
 
@@ -141,8 +141,10 @@ def test_rows_built_while_a_block_write_runs_are_the_rows_after_it():
     assert (replayed.verify_calls, replayed.verify_rows, replayed.write_calls) == (
         launched.verify_calls, launched.verify_rows, launched.write_calls)
     assert replayed.write_calls > 0 and replayed.rows_built_ahead > 0
-    limited = Engine(model, 2, MAX_TOKENS, mode="spiffy", cuda_graphs="eager", max_verify_rows=4)
-    assert run(limited)[0] == want and limited.stats.rows_built_ahead == 0
+    switched_off = Engine(model, 2, MAX_TOKENS, mode="spiffy", cuda_graphs="eager")
+    switched_off.rows_ahead = False
+    for engine in (Engine(model, 2, MAX_TOKENS, mode="spiffy", cuda_graphs="eager", max_verify_rows=4), switched_off):
+        assert run(engine)[0] == want and engine.stats.rows_built_ahead == 0
 
 
 def test_kept_fold_masks_survive_later_replays():
