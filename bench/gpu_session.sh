@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|shipped|trace_driven|heads|cli [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|shipped|trace_driven|grid|heads|cli [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -195,6 +195,17 @@ case "$part" in
                   for m in ${TRACE_MODELS:-fast-dllm-v2-1.5b}; do
                     python -m bench.trace_driven replay --trace "${TRACE:-.traces/trace_fused.pt}" --device cuda --models "$m" \
                       --repeats 3 --out "$OUT/trace_$m.json" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
+                  done ;;
+  grid)           # the README headline: the --grid record's decodes (made on this machine's CPU if .traces/trace_grid.pt
+                  # is missing, ~15 s) at the three shapes, one process a shape, all four modes (~1.5 min a shape with a
+                  # warm compile cache on an H200, 3-5 min cold); ARGS go to the replays (a later --modes wins, e.g.
+                  # --modes spiffy_compiled,specfold --compile-writes); one shape per call: TRACE_MODELS=...
+                  [ -f .traces/trace_grid.pt ] || python -m bench.trace_driven record --device cpu --limit 4 --grid \
+                    --out .traces/trace_grid.pt 2>&1 | tee -a "$OUT/log.txt"
+                  for m in ${TRACE_MODELS:-fast-dllm-v2-1.5b fast-dllm-v2-7b nld-3b}; do
+                    python -m bench.trace_driven replay --trace .traces/trace_grid.pt --device cuda --models "$m" --repeats 3 \
+                      --modes vanilla,spiffy,spiffy_compiled,specfold --out "$OUT/grid_$m.json" "${extra[@]}" 2>&1 \
+                      | tee -a "$OUT/log.txt"
                   done ;;
   heads)          # SpecFold with a cuBLAS head a layer (Tuning.dense_fraction as a profile, measured on a train-split
                   # record) against the single default head, trace-driven (~5 min at 7B on an H100, eager writes).

@@ -285,15 +285,19 @@ SECTIONS = [
     Section("Sixteen requests at once over 256 requests (H200)", "h200/batched_c16_repeats.json",
             "python -m bench.batched replay --trace batched_trace.pt --device cuda --attention ragged --concurrency "
             "16 --per-slot 16 --repeats 3 --cuda-graphs on --fold-capacity record --models MODEL --modes "
-            "spiffy_compiled,specfold_compiled --out RUN.json (one process a shape, fast-dllm-v2-7b with "
-            "--pool-tokens 4096), merged with python -m bench.plot bench/results/h200/batched_c16_repeats.json "
-            "RUN.json ...",
+            "spiffy_compiled,specfold_compiled --out RUN.json (one process a shape; fast-dllm-v2-7b with "
+            "--pool-tokens 4096; fast-dllm-v2-1.5b with --loop host,device --rows-ahead on,off), merged with "
+            "python -m bench.plot bench/results/h200/batched_c16_repeats.json RUN.json ...",
             "The two compiled speculative modes of the section above at 16 slots with 16 requests a slot, so "
             "that the engine runs full for most of the run; 3 timed runs a point, the one of median wall time "
-            "kept. SpecFold against Spiffy: 1.46x at 1.5B (3060 / 2092 tokens/s), 2.12x at 7B (1175 / 555). "
-            "The host's time outside the replayed passes (`host_s`) is about the same in both modes: 0.33 / "
-            "0.30 s at 1.5B and 0.35 / 0.30 s at 7B (SpecFold / Spiffy), against forwards (`verify_s`) of 1.27 "
-            "/ 2.18 s and 3.85 / 9.42 s.", render_batched),
+            "kept. SpecFold against Spiffy: 1.52x at 1.5B in the host loop (3114 / 2047 tokens/s), 1.54x in the "
+            "device loop (3244 / 2110), 2.12x at 7B (1175 / 555, host loop). At 1.5B the host loop's rows of "
+            "the requests a block write leaves alone are built while it runs (the engine's `rows_ahead`); with "
+            "every row built after the write instead (`--rows-ahead off`, the same graphs), a run takes 1.954 "
+            "against 1.865 s (SpecFold) and 2.873 against 2.838 s (Spiffy): the write's wait falls from 0.19 to "
+            "0.06 s while the host's own time grows by 0.02-0.07 s. The host's time outside the replayed passes "
+            "(`host_s`): 0.38 / 0.44 s at 1.5B (SpecFold / Spiffy) and 0.35 / 0.30 s at 7B, against forwards "
+            "(`verify_s`) of 1.30 / 2.22 s and 3.85 / 9.42 s.", render_batched),
     Section("What a packed batch of rows costs a decoder layer", "h200/packed_rows.json",
             "python -m bench.packed_rows --models fast-dllm-v2-1.5b,fast-dllm-v2-7b",
             "One decoder layer's position-wise parts (q/k/v with RoPE, output projection, MLP), random bf16 "

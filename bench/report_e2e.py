@@ -132,8 +132,8 @@ E2E_SECTIONS = [
     Section("Whole decodes, end to end", "h200/end_to_end.json",
             "python -m bench.trace_driven record --device cpu --limit 4 --grid --out TRACE.pt, then python -m "
             "bench.trace_driven replay --trace TRACE.pt --device cuda --models MODEL --repeats 3 --modes "
-            "vanilla,spiffy_compiled,specfold (one process a shape on one machine, NLD-3B with --modes "
-            "spiffy_compiled,specfold); the shipped model's rows: python -m bench.end_to_end --device cuda --limit 8 "
+            "vanilla,spiffy,spiffy_compiled,specfold (one process a shape on one machine); the shipped model's "
+            "rows: python -m bench.end_to_end --device cuda --limit 8 "
             "--repeats 2; merged with python -m bench.plot bench/results/h200/end_to_end.json RUN.json ...",
             "Every forward, block write, copy and host step of a decode, CUDA graphs on, the device loop "
             "(`generate(..., loop=\"device\")`); up to 96 new tokens, draft budget 16, tau 0.1. Trace-driven: "
@@ -143,9 +143,10 @@ E2E_SECTIONS = [
             "positions); the shipped model: 8 a task, 2 times, in a run of its own. Per task: tokens/s = all its "
             "problems' tokens over their wall time (prefill included), NFE and TTFT (until the first block is "
             "committed) their means, step (a verification step's wall time) and host (the part of it not "
-            "covered by device work) means over all steps. The same replays once more on that machine "
-            "(`bench/results/h200/trace_grid_repeat.json`, 1.5B and 7B) put SpecFold against Spiffy under "
-            "Inductor within 0.04 of these (7B code 1.34x against 1.30x, the others within 0.01).",
+            "covered by device work) means over all steps. Spiffy under Inductor and SpecFold ran again at 1.5B "
+            "and NLD-3B on that machine, in other processes (the per-layer heads section below): SpecFold "
+            "against Spiffy came out within 0.05 of these (1.5B 1.22x / 1.14x / 1.26x, NLD-3B 1.31x / 1.17x / "
+            "1.41x).",
             render_end_to_end),
     Section("Block boundaries separate and fused (H200)", "h200/fused_boundaries.json",
             "python -m bench.trace_driven record --device cpu --limit 4 [--grid | --fuse-boundaries [writes]] --out "
@@ -157,8 +158,33 @@ E2E_SECTIONS = [
             "records with them fused (`fuse_boundaries=True`) or the block writes alone fused (`\"writes\"`), "
             "NLD-3B separate only (NLD predicts no next-block token before a write, so it never fuses). Compare "
             "rows within this section only: its separate rows run slower than the section above's (SpecFold at "
-            "1.5B math 1147 against 1537 tokens/s), so the two sections' runs differ in more than the "
+            "1.5B math 1147 against 1519 tokens/s), so the two sections' runs differ in more than the "
             "boundaries.", render_end_to_end),
+    Section("Prefill and block writes compiled (H200)", "h200/compile_writes.json",
+            "python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models MODEL --repeats 3 --modes "
+            "spiffy_compiled,specfold --compile-writes (the --grid record of the first section, one process a "
+            "shape on the same machine); merged with python -m bench.plot bench/results/h200/compile_writes.json "
+            "RUN.json ...",
+            "The first section's two compared modes with the prompt's prefill and the block writes compiled by "
+            "Inductor as well (`generate(..., compile_writes=True)`, gpt-fast's `compile_prefill`), columns as "
+            "there. The prefill takes 2.2-2.3 ms at 1.5B, 5.1-5.4 at 7B and 3.1-3.4 at NLD-3B (4.2-4.3, 7.4-8.0 "
+            "and 5.3-5.5 ms eager). SpecFold against Spiffy under Inductor: 1.13x / 1.12x / 1.25x at 1.5B, "
+            "1.63x / 1.38x / 1.72x at 7B, 1.37x / 1.22x / 1.42x at NLD-3B (math / code / instruct). The prefill "
+            "and writes are the same work in both modes, so compiling them raises the ratio where they were a "
+            "large share of a decode (7B and NLD-3B math), and within the runs' spread elsewhere (at 1.5B the "
+            "first section's repeat differed by up to 0.05). The warm-up grows by the compiles: 96-116 s for "
+            "Spiffy under Inductor, which compiles the prefill and writes first, against 29-30 s with eager ones.",
+            render_end_to_end),
+    Section("Per-layer cuBLAS heads (H200)", "h200/heads.json",
+            "python -m bench.trace_driven record --device cpu --limit 4 --grid --split train --out TRAIN.pt, then "
+            "python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models MODEL --repeats 3 --modes "
+            "spiffy_compiled,specfold,specfold_heads --heads-from TRAIN.pt (one process a shape on the machine of "
+            "the first section)",
+            "SpecFold with each layer's packed linears given their own cuBLAS head (`Tuning`'s `dense_fraction` "
+            "as a profile over the depth, each gate's computed share at quantile 0.9 of a train-split record's "
+            "fold masks) against the single default head, the first section's `--grid` record and columns. On "
+            "the H200 the profile does not pay either: 0.98-1.00x of SpecFold's tokens/s at 1.5B and NLD-3B. "
+            "The default stays one number.", render_end_to_end),
     Section("Whole decodes with the prefill replayed (H100)", "h100/end_to_end.json",
             "python -m bench.end_to_end --device cuda --limit 6 --repeats 3 --modes vanilla,"
             "spiffy_compiled_launched_prefill,specfold_launched_prefill,spiffy_compiled,specfold,"
