@@ -307,7 +307,7 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
     if args.freeze_gc:
         freeze_collector()
     # rows built ahead exist in the host loop with graphs only (Engine._rows_ahead): one value elsewhere
-    aheads = args.rows_ahead if graphed and loop == "host" and kind != "vanilla" else (True,)
+    aheads = args.rows_ahead if graphed and loop == "host" else (True,)
     for c, ahead in itertools.product(args.concurrency, aheads):
         n, compiled = max(args.requests, args.per_slot * c), _graphs_compiled()
         captured = graphs.captures if graphed else 0
