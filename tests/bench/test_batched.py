@@ -282,12 +282,19 @@ def test_freeze_gc_freezes_for_the_timed_runs_only(trace, tmp_path, monkeypatch)
 
 
 def test_cuda_graphs_replay_the_record_and_lead_the_headline(short_trace, tmp_path):
-    """``--cuda-graphs off,on``: the engine launched and replayed (``cuda_graphs="eager"`` on the CPU), both
-    making the recorded calls; the README headline keeps the replayed rows only."""
+    """``--cuda-graphs off,on``: the engine launched and replayed (``cuda_graphs="eager"`` on the CPU), all
+    making the recorded calls, the replayed one with the engine's ``rows_ahead`` on and off (``--rows-ahead
+    on,off``, the same graphs; off is a series of its own); the README headline keeps the replayed rows only."""
     rows = _replay(short_trace, tmp_path / "graphs.json", "--modes", "vanilla", "--attention", "ragged", "--cuda-graphs",
-                   "off,on", "--concurrency", "2", "--requests", "2", "--per-slot", "1")["rows"]
-    assert [(r["mode"], r["cuda_graphs"]) for r in rows] == [("vanilla", False), ("vanilla", True)]
-    assert all(r["trace_reproduced"] is True for r in rows) and rows[0]["tokens"] == rows[1]["tokens"]
+                   "off,on", "--rows-ahead", "on,off", "--concurrency", "2", "--requests", "2", "--per-slot", "1")["rows"]
+    assert [(r["mode"], r["cuda_graphs"], r.get("rows_ahead")) for r in rows] == [
+        ("vanilla", False, None), ("vanilla", True, True), ("vanilla", True, False)]
+    assert all(r["trace_reproduced"] is True for r in rows) and rows[0]["tokens"] == rows[1]["tokens"] == rows[2]["tokens"]
+    ahead_off, rows = rows[2], rows[:2]
+    assert plot.serving_series(ahead_off) == "vanilla+ragged+graphs+no rows ahead"
+    assert plot._point(ahead_off) != plot._point(rows[1])  # a merge keeps both
+    assert "| vanilla, CUDA graphs, rows built after each write (tokens/s) |" in report.render_batched_headline(
+        {"rows": [ahead_off]})[0]
     assert rows[1]["captures_while_timed"] == 0  # the warm-up captured every bucket the timed run used
     # with graphs the wall time splits into the passes and the host's rest (bench/batched_clock.py)
     parts = [rows[1][k] for k in ("verify_s", "write_s", "prefill_s", "host_s")]
@@ -321,19 +328,6 @@ def test_fold_capacity_record_gives_a_share_a_gate(short_trace, tmp_path):
     header = report.render_batched_headline({"rows": [half, rows[0], {**half, "fold_capacity": "record:1.5"}]})[0]
     assert "SpecFold, CUDA graphs, capacity a gate (tokens/s)" in header
     assert "SpecFold, CUDA graphs, capacity a gate x 1.5 (tokens/s)" in header
-
-
-def test_rows_ahead_on_and_off_are_their_own_series(short_trace, tmp_path):
-    """``--rows-ahead on,off``: the host loop with graphs timed with the engine's ``rows_ahead`` on and off
-    on the same graphs, the same recorded calls; each value its own series and point."""
-    rows = _replay(short_trace, tmp_path / "ahead.json", "--modes", "spiffy", "--cuda-graphs", "on", "--attention",
-                   "ragged", "--rows-ahead", "on,off", "--concurrency", "1", "--requests", "1", "--per-slot", "1")["rows"]
-    assert [r["rows_ahead"] for r in rows] == [True, False] and all(r["trace_reproduced"] for r in rows)
-    assert rows[0]["tokens"] == rows[1]["tokens"] and rows[0]["verify_calls"] == rows[1]["verify_calls"]
-    assert [plot.serving_series(r) for r in rows] == ["spiffy+ragged+graphs", "spiffy+ragged+graphs+no rows ahead"]
-    assert len({plot._point(r) for r in rows}) == 2  # a merge keeps both
-    header = report.render_batched_headline({"rows": rows})[0]
-    assert "| Spiffy, eager, CUDA graphs, rows built after each write (tokens/s) |" in header
 
 
 def test_fold_capacity_values_are_checked(capsys):
