@@ -199,7 +199,8 @@ case "$part" in
   grid)           # the README headline: the --grid record's decodes (made on this machine's CPU if .traces/trace_grid.pt
                   # is missing, ~15 s) at the three shapes, one process a shape, all four modes (~1.5 min a shape with a
                   # warm compile cache on an H200, 3-5 min cold); ARGS go to the replays (a later --modes wins, e.g.
-                  # --modes spiffy_compiled,specfold --compile-writes); one shape per call: TRACE_MODELS=...
+                  # --modes spiffy_compiled,specfold --compile-writes, or --modes spiffy_compiled,specfold,specfold_heads
+                  # --dense-fraction 0.2: the single head at 0.2 against the default); one shape per call: TRACE_MODELS=...
                   [ -f .traces/trace_grid.pt ] || python -m bench.trace_driven record --device cpu --limit 4 --grid \
                     --out .traces/trace_grid.pt 2>&1 | tee -a "$OUT/log.txt"
                   for m in ${TRACE_MODELS:-fast-dllm-v2-1.5b fast-dllm-v2-7b nld-3b}; do

@@ -8,6 +8,15 @@ from bench.tables import first_matching as _one, fmt as _f, markdown_table as _t
 
 _YES = {True: "yes", False: "NO", None: "-"}
 MODE_NAMES = {**E2E_MODES, "specfold_heads": "SpecFold, per-layer heads"}  # the tables' rows, on-request modes too
+
+
+def mode_name(row: dict) -> str:
+    """A row's mode in words; ``specfold_heads`` with one head for all layers (``--dense-fraction``) says its
+    fraction."""
+    fraction = row.get("dense_fraction")
+    if row["mode"] == "specfold_heads" and isinstance(fraction, (int, float)):
+        return f"SpecFold, head {fraction:g} of the rows"
+    return MODE_NAMES[row["mode"]]
 BOUNDARIES = {False: "separate", True: "fused", "writes": "fused writes"}  # generate(fuse_boundaries=...) of a row
 
 
@@ -70,7 +79,7 @@ def render_end_to_end(data: dict) -> list[str]:
                          "host, plain passes (ms)", "prefill (ms)", "TTFT (ms)", "/ Spiffy, Inductor",
                          "trace reproduced"],
                         [[SHAPES.get(r["model"], r["model"]), r["task"], BOUNDARIES[r.get("fuse_boundaries") or False],
-                          MODE_NAMES[r["mode"]],
+                          mode_name(r),
                           f"{r['tokens_per_s']:.0f}", _f(r["nfe"]), _f(r["step_ms"]), _f(r["host_ms"]),
                           _f(r.get("plain_host_ms")), _f(r.get("prefill_ms")), _f(r["ttft_ms"], 1), _e2e_ratio(data, r),
                           "yes" if r["trace_reproduced"] else "NO"]
@@ -118,7 +127,7 @@ def render_logit_width(data: dict) -> list[str]:
     for model in SHAPES:
         for r in _rows(data, model=model, all_logits=False):
             every = _one(data, model=model, task=r["task"], mode=r["mode"], all_logits=True)
-            rows.append([SHAPES[model], r["task"], MODE_NAMES[r["mode"]], f"{r['tokens_per_s']:.0f}",
+            rows.append([SHAPES[model], r["task"], mode_name(r), f"{r['tokens_per_s']:.0f}",
                          _f(r["plain_step_ms"]), f"{every['tokens_per_s']:.0f}" if every else "-",
                          _f(every["plain_step_ms"]) if every else "-",
                          f"{r['tokens_per_s'] / every['tokens_per_s']:.3f}x" if every else "-",

@@ -17,7 +17,8 @@ bookkeeping and writes. Each row says whether the replay reproduced the record's
     specfold         the same calls, the model compiled by the SpecFold backend, the recorded masks forced
     specfold_heads   as specfold, each layer's packed linears with their own cuBLAS head (``Tuning``'s
                      ``dense_fraction`` as a profile): ``fold_masks.dense_fractions`` over another
-                     record's masks (``--heads-from``, e.g. one of train-split prompts), at ``--heads-quantile``
+                     record's masks (``--heads-from``, e.g. one of train-split prompts), at ``--heads-quantile``;
+                     or, with ``--dense-fraction F``, one head of F of the rows for every layer
 
 so the speculative modes make exactly the same calls and differ only in how a call is computed.
 The record's model has 6 layers: gate ``g`` of a real-shape model takes the recorded mask of gate
@@ -31,7 +32,7 @@ an NLD model cannot replay such a record (it has no seed prediction, ``generate`
     python -m bench.trace_driven record --out TRACE.pt [--limit 4] [--tasks math,code,instruct] [--tau 0.1] [--grid]
         [--fuse-boundaries [writes]] [--split test|train]
     python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models fast-dllm-v2-1.5b [--out FILE]
-        [--modes ...,specfold_heads --heads-from TRAIN_TRACE.pt [--heads-quantile 0.9]]
+        [--modes ...,specfold_heads (--heads-from TRAIN_TRACE.pt [--heads-quantile 0.9] | --dense-fraction F)]
 """
 
 from __future__ import annotations
@@ -64,6 +65,14 @@ def _decode(model, prompt, mode, args, graph, forward=None, trace=None, graphs=N
                             graph if mode != "vanilla" else None, True, graphs=graphs, forward=forward, trace=trace,
                             fuse_boundaries=args.fuse_boundaries, compile_writes=args.compile_writes,
                             all_logits=args.all_logits)
+
+
+def _heads_fields(args) -> dict:
+    """What a ``specfold_heads`` row says of its heads: the profile, its record and quantile (``--heads-from``),
+    or the one fraction of every layer (``--dense-fraction``)."""
+    if args.dense_fraction is not None:
+        return {"dense_fraction": args.dense_fraction, "heads_from": None}
+    return {"dense_fraction": list(args.heads), "heads_from": args.heads_from, "heads_quantile": args.heads_quantile}
 
 
 def record(args) -> dict:
@@ -155,7 +164,8 @@ def replay(args, trace: dict, name: str) -> list[dict]:
     targets = _targets(model, [m for m in args.modes if m not in ON_REQUEST], args.device, trace["tau"])
     if "specfold_heads" in args.modes:  # a compiled model of its own: its graphs differ in the heads alone
         targets["specfold_heads"] = torch.compile(model, backend="specfold", options={
-            "tau": trace["tau"], "dense_fraction": args.heads, **({} if cuda else {"kernels": "torch"})})
+            "tau": trace["tau"], "dense_fraction": args.heads if len(args.heads) > 1 else args.heads[0],
+            **({} if cuda else {"kernels": "torch"})})
     rows, clock = [], _Clock(cuda)
     for mode in args.modes:
         kind = RECORDED[mode]
@@ -204,8 +214,7 @@ def replay(args, trace: dict, name: str) -> list[dict]:
             row["mode"] = mode
             row.update(trace_driven=True, fuse_boundaries=args.fuse_boundaries, compile_writes=args.compile_writes,
                        freeze_gc=args.freeze_gc, all_logits=args.all_logits,
-                       **({"dense_fraction": list(args.heads), "heads_from": args.heads_from,
-                           "heads_quantile": args.heads_quantile} if mode == "specfold_heads" else {}),
+                       **(_heads_fields(args) if mode == "specfold_heads" else {}),
                        loop="device", host_twin=None,
                        same_as_host_twin=None, tokens_match=None,
                        trace_reproduced=all(r["reproduced"] for i in idx for r in runs[mode][i]),
@@ -292,6 +301,8 @@ def main(argv=None) -> int:
                     help="replay: the record whose fold masks give specfold_heads its per-layer heads")
     ap.add_argument("--heads-quantile", type=float, default=0.9,
                     help="replay: the quantile of each gate's computed share that its head holds")
+    ap.add_argument("--dense-fraction", type=float, default=None, metavar="F",
+                    help="replay: specfold_heads with one head for every layer, F of the rows (instead of --heads-from)")
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--tau", type=float, default=0.1, help="record: SpecFold's fold threshold")
     ap.add_argument("--grid", action="store_true",
@@ -325,9 +336,13 @@ def main(argv=None) -> int:
     args.override = parse_override(ap, args.override)
     if sorted(set(args.modes) - set(MODES) - set(ON_REQUEST)):
         ap.error(f"--modes: expected names among {list(MODES + ON_REQUEST)}, got {args.modes}")
-    if ("specfold_heads" in args.modes) != (args.heads_from is not None):
-        ap.error("--heads-from: expected with the mode specfold_heads (and only with it)")
-    args.heads = None
+    if args.heads_from is not None and args.dense_fraction is not None:
+        ap.error("--dense-fraction: expected instead of --heads-from, not with it")
+    if ("specfold_heads" in args.modes) != (args.heads_from is not None or args.dense_fraction is not None):
+        ap.error("--heads-from: expected with the mode specfold_heads (and only with it), or --dense-fraction")
+    if args.dense_fraction is not None and not 0 < args.dense_fraction <= 1:
+        ap.error(f"--dense-fraction: expected a fraction in (0, 1], got {args.dense_fraction}")
+    args.heads = None if args.dense_fraction is None else (args.dense_fraction,)
     if args.heads_from is not None:
         try:
             args.heads = head_profile(torch.load(args.heads_from, weights_only=False), args.heads_quantile)
@@ -343,7 +358,7 @@ def main(argv=None) -> int:
         "repeats": args.repeats, "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
         "fuse_boundaries": trace.get("fuse_boundaries", False), "device": args.device,
         "compile_writes": args.compile_writes, "freeze_gc": args.freeze_gc, "all_logits": args.all_logits,
-        "heads_from": args.heads_from, "dense_fraction": list(args.heads) if args.heads else None})
+        "heads_from": args.heads_from, "dense_fraction": _heads_fields(args)["dense_fraction"] if args.heads else None})
 
 
 if __name__ == "__main__":

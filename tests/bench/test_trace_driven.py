@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from bench import trace_driven
+from bench import report_e2e, trace_driven
 
 KEYS = {"model", "task", "mode", "tokens_per_s", "nfe", "step_ms", "host_ms", "ttft_ms", "trace_driven", "cuda_graphs"}
 TINY_AT_RECORD_SHAPE = "block_size=32,sub_block_size=8,vocab_size=1040"
@@ -137,8 +137,21 @@ def test_heads_mode_takes_its_profile_from_another_record(trace, tmp_path, capsy
     assert all(r["trace_reproduced"] for r in rows) and rows[0]["nfe"] == rows[1]["nfe"]
     assert "dense_fraction" not in rows[0]
     assert rows[1]["dense_fraction"] == pytest.approx(list(want)) and rows[1]["heads_from"] == str(other)
+    single = tmp_path / "single.json"  # one head for every layer instead of the profile
+    assert trace_driven.main(["replay", "--device", "cpu", "--eager-graphs", "--trace", str(trace),
+                              "--models", "tiny-fast-dllm-v2", "--modes", "specfold_heads", "--dense-fraction", "0.25",
+                              "--override", TINY_AT_RECORD_SHAPE, "--out", str(single)]) == 0
+    (row,) = json.loads(single.read_text())["rows"]
+    assert row["trace_reproduced"] and row["nfe"] == rows[0]["nfe"]
+    assert (row["dense_fraction"], row["heads_from"]) == (0.25, None)
+    assert report_e2e.mode_name(row) == "SpecFold, head 0.25 of the rows"
+    assert report_e2e.mode_name(rows[1]) == "SpecFold, per-layer heads"
     for argv, match in ((["--modes", "specfold_heads"], "--heads-from: expected with the mode specfold_heads"),
                         (["--heads-from", str(other)], "--heads-from: expected with the mode specfold_heads"),
+                        (["--dense-fraction", "0.2"], "--heads-from: expected with the mode specfold_heads"),
+                        (["--modes", "specfold_heads", "--dense-fraction", "0"], "--dense-fraction: expected a fraction"),
+                        (["--modes", "specfold_heads", "--dense-fraction", "0.2", "--heads-from", str(other)],
+                         "--dense-fraction: expected instead of --heads-from"),
                         (["--modes", "specfold_heads", "--heads-from", str(tmp_path / "none.pt")], "--heads-from")):
         with pytest.raises(SystemExit):
             trace_driven.main(["replay", "--device", "cpu", "--trace", str(trace), *argv,
