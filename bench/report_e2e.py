@@ -8,6 +8,7 @@ from bench.tables import first_matching as _one, fmt as _f, markdown_table as _t
 
 _YES = {True: "yes", False: "NO", None: "-"}
 MODE_NAMES = {**E2E_MODES, "specfold_heads": "SpecFold, per-layer heads"}  # the tables' rows, on-request modes too
+BOUNDARIES = {False: "separate", True: "fused", "writes": "fused writes"}  # generate(fuse_boundaries=...) of a row
 
 
 def mode_name(row: dict) -> str:
@@ -17,7 +18,6 @@ def mode_name(row: dict) -> str:
     if row["mode"] == "specfold_heads" and isinstance(fraction, (int, float)):
         return f"SpecFold, head {fraction:g} of the rows"
     return MODE_NAMES[row["mode"]]
-BOUNDARIES = {False: "separate", True: "fused", "writes": "fused writes"}  # generate(fuse_boundaries=...) of a row
 
 
 def _e2e_ratio(data: dict, row: dict) -> str:

@@ -164,8 +164,7 @@ def replay(args, trace: dict, name: str) -> list[dict]:
     targets = _targets(model, [m for m in args.modes if m not in ON_REQUEST], args.device, trace["tau"])
     if "specfold_heads" in args.modes:  # a compiled model of its own: its graphs differ in the heads alone
         targets["specfold_heads"] = torch.compile(model, backend="specfold", options={
-            "tau": trace["tau"], "dense_fraction": args.heads if len(args.heads) > 1 else args.heads[0],
-            **({} if cuda else {"kernels": "torch"})})
+            "tau": trace["tau"], "dense_fraction": args.heads, **({} if cuda else {"kernels": "torch"})})
     rows, clock = [], _Clock(cuda)
     for mode in args.modes:
         kind = RECORDED[mode]
@@ -342,7 +341,7 @@ def main(argv=None) -> int:
         ap.error("--heads-from: expected with the mode specfold_heads (and only with it), or --dense-fraction")
     if args.dense_fraction is not None and not 0 < args.dense_fraction <= 1:
         ap.error(f"--dense-fraction: expected a fraction in (0, 1], got {args.dense_fraction}")
-    args.heads = None if args.dense_fraction is None else (args.dense_fraction,)
+    args.heads = args.dense_fraction  # one fraction, or (--heads-from) a profile: Tuning's dense_fraction
     if args.heads_from is not None:
         try:
             args.heads = head_profile(torch.load(args.heads_from, weights_only=False), args.heads_quantile)
@@ -358,7 +357,7 @@ def main(argv=None) -> int:
         "repeats": args.repeats, "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
         "fuse_boundaries": trace.get("fuse_boundaries", False), "device": args.device,
         "compile_writes": args.compile_writes, "freeze_gc": args.freeze_gc, "all_logits": args.all_logits,
-        "heads_from": args.heads_from, "dense_fraction": _heads_fields(args)["dense_fraction"] if args.heads else None})
+        "heads_from": args.heads_from, "dense_fraction": None if args.heads is None else _heads_fields(args)["dense_fraction"]})
 
 
 if __name__ == "__main__":
