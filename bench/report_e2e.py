@@ -246,6 +246,18 @@ E2E_SECTIONS = [
             "247 us at 128 rows against 316 at 256 (the packed-rows section), so the profile may pay there: not "
             "measured. The default stays one number. SpecFold against Spiffy under Inductor at 7B in this run "
             "(every position's logits in each step): 1.25x / 1.21x / 1.50x.", render_end_to_end),
+    Section("One smaller cuBLAS head (H100)", "h100/dense_fraction.json",
+            "python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models fast-dllm-v2-1.5b --repeats 3 "
+            "--modes vanilla,spiffy,spiffy_compiled,specfold,specfold_heads --dense-fraction 0.2 (the --grid record "
+            "of the first H200 section)",
+            "SpecFold with `dense_fraction=0.2` in every layer (a 128-row cuBLAS head for a 17-branch call's 544 "
+            "rows, against 256 at the default 0.45), the other modes in the same process, columns as above. The "
+            "smaller head makes whole decodes slower: 0.88x / 0.98x / 0.85x of SpecFold's tokens/s (math / code / "
+            "instruct), steps of 4.12 / 3.32 / 4.46 ms against 3.49 / 3.20 / 3.72 ms. In the record's folded calls "
+            "the computed rows grow with depth (at the six recorded gates, math: 77, 93, 110, 137, 148 and 168 "
+            "of 544 on average), so the deeper layers outgrow 128 rows and spill: 2 of the 12 math calls and 4 of "
+            "the 33 instruct calls fit the small head at every gate, all but 5 instruct calls fit the default one. "
+            "SpecFold against Spiffy under Inductor in this run: 1.16x / 1.09x / 1.19x.", render_end_to_end),
     Section("Logits of the masked positions in the device loop (H100)", "h100/logit_width.json",
             "python -m bench.trace_driven record --device cpu --limit 4 --fuse-boundaries --out TRACE.pt, then "
             "python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models MODEL --repeats 3 --modes "
