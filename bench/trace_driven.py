@@ -217,6 +217,7 @@ def replay(args, trace: dict, name: str) -> list[dict]:
                        loop="device", host_twin=None,
                        same_as_host_twin=None, tokens_match=None,
                        trace_reproduced=all(r["reproduced"] for i in idx for r in runs[mode][i]),
+                       draft_budget=args.draft_budget,
                        record={"model": trace["model"], "decode": kind, "tau": trace["tau"]})
             rows.append(row)
             print(json.dumps(rows[-1]), flush=True)

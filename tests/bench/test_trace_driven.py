@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from bench import report_e2e, trace_driven
+from bench import plot, report_e2e, trace_driven
 
 KEYS = {"model", "task", "mode", "tokens_per_s", "nfe", "step_ms", "host_ms", "ttft_ms", "trace_driven", "cuda_graphs"}
 TINY_AT_RECORD_SHAPE = "block_size=32,sub_block_size=8,vocab_size=1040"
@@ -35,7 +35,7 @@ def test_replay_reproduces_the_record(trace, tmp_path):
     for r in rows:
         assert KEYS <= set(r) and r["trace_driven"] is True and r["trace_reproduced"] is True
         assert r["nfe"] == prompt["spiffy" if r["mode"] == "specfold" else "vanilla"]["nfe"]
-        assert r["tokens_per_s"] > 0 and r["step_ms"] > 0
+        assert r["tokens_per_s"] > 0 and r["step_ms"] > 0 and r["draft_budget"] == 16
 
 
 def test_all_logits_replays_the_same_calls(trace, tmp_path):
@@ -76,16 +76,20 @@ def test_replay_errors(trace, tmp_path, capsys):
 
 
 def test_a_writes_only_record_replays_as_such(tmp_path):
-    """``--fuse-boundaries writes``: the record keeps the setting, the replay decodes with it and says so."""
+    """``--fuse-boundaries writes`` and a draft budget of 8: the record keeps both, the replay decodes with
+    them and its rows and header say so (rows of another budget are another merge point)."""
     path, out = tmp_path / "writes.pt", tmp_path / "writes.json"
     assert trace_driven.main(["record", "--device", "cpu", "--limit", "1", "--tasks", "math", "--max-new-tokens", "40",
-                              "--fuse-boundaries", "writes", "--out", str(path)]) == 0
+                              "--fuse-boundaries", "writes", "--draft-budget", "8", "--out", str(path)]) == 0
     assert torch.load(path, weights_only=False)["fuse_boundaries"] == "writes"
     assert trace_driven.main(["replay", "--device", "cpu", "--eager-graphs", "--trace", str(path), "--models",
-                              "tiny-fast-dllm-v2", "--modes", "vanilla", "--override", TINY_AT_RECORD_SHAPE,
+                              "tiny-fast-dllm-v2", "--modes", "vanilla,spiffy", "--override", TINY_AT_RECORD_SHAPE,
                               "--out", str(out)]) == 0
-    (row,) = json.loads(out.read_text())["rows"]
-    assert row["fuse_boundaries"] == "writes" and row["trace_reproduced"] is True
+    written = json.loads(out.read_text())
+    for row in written["rows"]:
+        assert row["fuse_boundaries"] == "writes" and row["trace_reproduced"] is True
+        assert row["draft_budget"] == 8 and plot.drafts_bound(row) == 8
+    assert written["setup"]["draft_budget"] == 8
 
 
 def test_compile_writes_replays_the_prefill_and_writes_compiled(trace, tmp_path, monkeypatch):
