@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|shipped|trace_driven|grid|heads|cli [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|shipped|trace_driven|grid|budgets|heads|cli [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -207,6 +207,18 @@ case "$part" in
                     python -m bench.trace_driven replay --trace .traces/trace_grid.pt --device cuda --models "$m" --repeats 3 \
                       --modes vanilla,spiffy,spiffy_compiled,specfold --out "$OUT/grid_$m.json" "${extra[@]}" 2>&1 \
                       | tee -a "$OUT/log.txt"
+                  done ;;
+  budgets)        # Spiffy under Inductor and SpecFold at draft budgets 4, 8, 12 and 16, each from a --grid record of
+                  # its own (made on this machine's CPU if missing, ~15 s each), one process a record (~1.5 min each
+                  # on a warm H100 at 1.5B, 3 min cold); one shape per call: TRACE_MODELS=...
+                  for b in ${BUDGETS:-4 8 12 16}; do
+                    [ -f .traces/trace_grid_b$b.pt ] || python -m bench.trace_driven record --device cpu --limit 4 --grid \
+                      --draft-budget $b --out .traces/trace_grid_b$b.pt 2>&1 | tee -a "$OUT/log.txt"
+                    for m in ${TRACE_MODELS:-fast-dllm-v2-1.5b}; do
+                      python -m bench.trace_driven replay --trace .traces/trace_grid_b$b.pt --device cuda --models "$m" \
+                        --repeats 3 --modes spiffy_compiled,specfold --out "$OUT/budget_${m}_b$b.json" "${extra[@]}" 2>&1 \
+                        | tee -a "$OUT/log.txt"
+                    done
                   done ;;
   heads)          # SpecFold with a cuBLAS head a layer (Tuning.dense_fraction as a profile, measured on a train-split
                   # record) against the single default head, trace-driven (~5 min at 7B on an H100, eager writes).

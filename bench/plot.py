@@ -233,11 +233,45 @@ def end_to_end_panels(rows: list[dict]) -> list[tuple[str, list[tuple[str, str, 
     return list(panels.items())
 
 
+def draft_budget(row: dict) -> int:
+    """The draft budget a row decoded with (a row without the field: the default)."""
+    from specfold_compile.decoding import DEFAULTS  # noqa: PLC0415
+
+    return row.get("draft_budget") or DEFAULTS.draft_budget
+
+
+def plot_draft_budgets(path: Path, rows: list[dict]) -> Path:
+    """Tokens/s against the draft budget: one panel per model and task, a line per mode (each mode one
+    colour in every panel)."""
+    panels = _in_order((r["model"], r["task"]) for r in rows)
+    colours = _colours(_in_order(r["mode"] for r in rows))
+    fig, axes = _subplots(len(panels), 3, 4.5, 3.6)
+    for ax, (model, task) in zip(axes, panels):
+        for mode, colour in colours.items():
+            points = sorted((draft_budget(r), r["tokens_per_s"]) for r in rows
+                            if (r["model"], r["task"], r["mode"]) == (model, task, mode))
+            if points:
+                ax.plot(*zip(*points), marker="o", color=colour)
+        ticks = sorted({draft_budget(r) for r in rows if (r["model"], r["task"]) == (model, task)})
+        ax.set_xticks(ticks, [str(b) for b in ticks])
+        ax.set_title(f"{model}, {task}" + (", trace-driven" if rows[0].get("trace_driven") else ""), fontsize=10)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("draft budget")
+        ax.set_ylabel("tokens/s")
+    _figure_legend(fig, colours)
+    return _save(fig, path)
+
+
 def plot_end_to_end(path: str | Path) -> Path:
     """Grouped bars of tokens/s: one panel per kind of number (end_to_end_panels), a group per task, a
-    bar per mode (each mode one colour in every panel)."""
+    bar per mode (each mode one colour in every panel). Measured rows at several draft budgets: tokens/s
+    against the budget instead (``plot_draft_budgets``)."""
     path = Path(path)
-    panels = end_to_end_panels(_rows(path))
+    rows = _rows(path)
+    measured = [r for r in rows if "tokens_per_s" in r]
+    if len({draft_budget(r) for r in measured}) > 1:
+        return plot_draft_budgets(path, measured)
+    panels = end_to_end_panels(rows)
     colours = _colours(_in_order(mode for _, bars in panels for _, mode, _ in bars))
     fig, axes = _subplots(len(panels), 3, 5.5, 4.0)
     for ax, (title, bars) in zip(axes, panels):

@@ -144,3 +144,34 @@ def test_merge_keeps_every_part_of_breakdown_runs(tmp_path):
     ms = {(r["model"], r["part"]): r["ms_per_forward"] for r in json.loads(out.read_text())["rows"]}
     assert ms == {("m1", "dense_gemm"): 0.4, ("m1", "attention_prefix"): 0.8,
                   ("m2", "dense_gemm"): 0.7, ("m2", "attention_prefix"): 1.4}
+
+
+def _budget_rows(rng):
+    """Trace-driven rows of two modes at three draft budgets (16 without the field, as rows of the default)."""
+    return [{"model": "fast-dllm-v2-1.5b", "task": task, "mode": mode, "tokens_per_s": rng.uniform(100, 3000),
+             "nfe": 5.0, "trace_driven": True, **({} if budget == 16 else {"draft_budget": budget})}
+            for budget in (16, 8, 4) for task in ("math", "code") for mode in ("spiffy_compiled", "specfold")]
+
+
+def test_rows_at_several_draft_budgets_plot_and_report_by_budget(tmp_path):
+    """Rows at several draft budgets merge as separate points, plot tokens/s against the budget (a panel per
+    model and task), and the report pairs the modes at each budget and each mode's fastest budget."""
+    from bench.report_e2e import render_draft_budget
+
+    rows = _budget_rows(random.Random(5))
+    runs = [_write(tmp_path / f"b{b}.json", "end_to_end", [r for r in rows if r.get("draft_budget", 16) == b])
+            for b in (16, 8, 4)]
+    merged = merge_results(tmp_path / "budgets.json", runs)
+    assert len(json.loads(merged.read_text())["rows"]) == len(rows) == 12
+    _assert_png(plot_end_to_end(merged), merged)
+    table = render_draft_budget({"rows": rows})
+    per_budget = [line for line in table if line.startswith("| 1.5B") and line.count("|") == 8]
+    assert [line.split(" | ")[1:3] for line in per_budget] == [[t, b] for t in ("math", "code") for b in ("4", "8", "16")]
+    best = [line.split(" | ") for line in table if line.startswith("| 1.5B") and line.count("|") == 6]
+    for (task, sp_cell, sf_cell, ratio) in (cells[1:5] for cells in best):
+        pick = {m: max((r for r in rows if (r["task"], r["mode"]) == (task, m)), key=lambda r: r["tokens_per_s"])
+                for m in ("spiffy_compiled", "specfold")}
+        assert sp_cell == f"{pick['spiffy_compiled']['tokens_per_s']:.0f} ({pick['spiffy_compiled'].get('draft_budget', 16)})"
+        assert sf_cell == f"{pick['specfold']['tokens_per_s']:.0f} ({pick['specfold'].get('draft_budget', 16)})"
+        assert ratio == f"{pick['specfold']['tokens_per_s'] / pick['spiffy_compiled']['tokens_per_s']:.2f}x |"
+    assert len(best) == 2
