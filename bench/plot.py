@@ -31,13 +31,20 @@ MB = 1e6
 LATENCY_WORDS = {"ms": "CUDA-graph calls", "launched_ms": "launched calls"}
 
 
-def drafts_bound(row: dict) -> int | None:
-    """A batched row's drafts a call when its record used another budget than the default (``bench.batched
-    record --draft-budget``), else None: a row without the field was recorded at the default."""
+def draft_budget(row: dict) -> int:
+    """The draft budget a row's record decoded with (a row without the field, or 0: the default)."""
     from specfold_compile.decoding import DEFAULTS  # noqa: PLC0415
 
-    budget = row.get("draft_budget")
-    return None if budget in (None, 0, DEFAULTS.draft_budget) else budget
+    return row.get("draft_budget") or DEFAULTS.draft_budget
+
+
+def drafts_bound(row: dict) -> int | None:
+    """A row's drafts a call when its record used another budget than the default (``bench.batched record
+    --draft-budget``, ``bench.trace_driven record --draft-budget``), else None."""
+    from specfold_compile.decoding import DEFAULTS  # noqa: PLC0415
+
+    budget = draft_budget(row)
+    return None if budget == DEFAULTS.draft_budget else budget
 
 
 def serving_series(row: dict) -> str:
@@ -231,13 +238,6 @@ def end_to_end_panels(rows: list[dict]) -> list[tuple[str, list[tuple[str, str, 
             continue
         panels.setdefault(title, []).append((r["task"], r["mode"], value))
     return list(panels.items())
-
-
-def draft_budget(row: dict) -> int:
-    """The draft budget a row decoded with (a row without the field: the default)."""
-    from specfold_compile.decoding import DEFAULTS  # noqa: PLC0415
-
-    return row.get("draft_budget") or DEFAULTS.draft_budget
 
 
 def plot_draft_budgets(path: Path, rows: list[dict]) -> Path:
