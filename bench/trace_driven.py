@@ -27,10 +27,10 @@ prompt out alike only when it fills whole blocks, so it replays a record made wi
 left-padded with the pad token to whole blocks). ``--fuse-boundaries`` records (and so replays)
 ``generate(fuse_boundaries=True)``'s loop (``--fuse-boundaries writes``: ``fuse_boundaries="writes"``'s);
 an NLD model cannot replay such a record (it has no seed prediction, ``generate``'s docstring). Rows as
-``bench.end_to_end``'s, with ``trace_driven`` True and ``fuse_boundaries`` from the record::
+``bench.end_to_end``'s, with ``trace_driven`` True and ``fuse_boundaries`` and ``draft_budget`` from the record::
 
     python -m bench.trace_driven record --out TRACE.pt [--limit 4] [--tasks math,code,instruct] [--tau 0.1] [--grid]
-        [--fuse-boundaries [writes]] [--split test|train]
+        [--fuse-boundaries [writes]] [--split test|train] [--draft-budget 16]
     python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models fast-dllm-v2-1.5b [--out FILE]
         [--modes ...,specfold_heads (--heads-from TRAIN_TRACE.pt [--heads-quantile 0.9] | --dense-fraction F)]
 """
