@@ -302,7 +302,8 @@ def main(argv=None) -> int:
     ap.add_argument("--heads-quantile", type=float, default=0.9,
                     help="replay: the quantile of each gate's computed share that its head holds")
     ap.add_argument("--dense-fraction", type=float, default=None, metavar="F",
-                    help="replay: specfold_heads with one head for every layer, F of the rows (instead of --heads-from)")
+                    help="replay: specfold_heads with one head for every layer, F of the rows "
+                         "(instead of --heads-from)")
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--tau", type=float, default=0.1, help="record: SpecFold's fold threshold")
     ap.add_argument("--grid", action="store_true",
@@ -358,7 +359,8 @@ def main(argv=None) -> int:
         "repeats": args.repeats, "max_new_tokens": args.max_new_tokens, "draft_budget": args.draft_budget,
         "fuse_boundaries": trace.get("fuse_boundaries", False), "device": args.device,
         "compile_writes": args.compile_writes, "freeze_gc": args.freeze_gc, "all_logits": args.all_logits,
-        "heads_from": args.heads_from, "dense_fraction": None if args.heads is None else _heads_fields(args)["dense_fraction"]})
+        "heads_from": args.heads_from,
+        "dense_fraction": None if args.heads is None else _heads_fields(args)["dense_fraction"]})
 
 
 if __name__ == "__main__":

@@ -166,12 +166,14 @@ def test_rows_at_several_draft_budgets_plot_and_report_by_budget(tmp_path):
     _assert_png(plot_end_to_end(merged), merged)
     table = render_draft_budget({"rows": rows})
     per_budget = [line for line in table if line.startswith("| 1.5B") and line.count("|") == 8]
-    assert [line.split(" | ")[1:3] for line in per_budget] == [[t, b] for t in ("math", "code") for b in ("4", "8", "16")]
+    assert [line.split(" | ")[1:3] for line in per_budget] == [[t, b] for t in ("math", "code")
+                                                               for b in ("4", "8", "16")]
     best = [line.split(" | ") for line in table if line.startswith("| 1.5B") and line.count("|") == 6]
     for (task, sp_cell, sf_cell, ratio) in (cells[1:5] for cells in best):
         pick = {m: max((r for r in rows if (r["task"], r["mode"]) == (task, m)), key=lambda r: r["tokens_per_s"])
                 for m in ("spiffy_compiled", "specfold")}
-        assert sp_cell == f"{pick['spiffy_compiled']['tokens_per_s']:.0f} ({pick['spiffy_compiled'].get('draft_budget', 16)})"
-        assert sf_cell == f"{pick['specfold']['tokens_per_s']:.0f} ({pick['specfold'].get('draft_budget', 16)})"
+        sp, sf = pick["spiffy_compiled"], pick["specfold"]
+        assert sp_cell == f"{sp['tokens_per_s']:.0f} ({sp.get('draft_budget', 16)})"
+        assert sf_cell == f"{sf['tokens_per_s']:.0f} ({sf.get('draft_budget', 16)})"
         assert ratio == f"{pick['specfold']['tokens_per_s'] / pick['spiffy_compiled']['tokens_per_s']:.2f}x |"
     assert len(best) == 2

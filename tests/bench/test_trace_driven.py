@@ -153,7 +153,8 @@ def test_heads_mode_takes_its_profile_from_another_record(trace, tmp_path, capsy
     for argv, match in ((["--modes", "specfold_heads"], "--heads-from: expected with the mode specfold_heads"),
                         (["--heads-from", str(other)], "--heads-from: expected with the mode specfold_heads"),
                         (["--dense-fraction", "0.2"], "--heads-from: expected with the mode specfold_heads"),
-                        (["--modes", "specfold_heads", "--dense-fraction", "0"], "--dense-fraction: expected a fraction"),
+                        (["--modes", "specfold_heads", "--dense-fraction", "0"],
+                         "--dense-fraction: expected a fraction"),
                         (["--modes", "specfold_heads", "--dense-fraction", "0.2", "--heads-from", str(other)],
                          "--dense-fraction: expected instead of --heads-from"),
                         (["--modes", "specfold_heads", "--heads-from", str(tmp_path / "none.pt")], "--heads-from")):
