@@ -102,17 +102,6 @@ def render_end_to_end(data: dict) -> list[str]:
     return lines
 
 
-def best_budgets(data: dict, model: str, task: str) -> dict[str, dict]:
-    """Spiffy under Inductor's and SpecFold's fastest rows of ``model`` and ``task`` over the draft budgets
-    measured, by mode."""
-    best = {}
-    for mode in ("spiffy_compiled", "specfold"):
-        rows = _rows(data, model=model, task=task, mode=mode)
-        if rows:
-            best[mode] = max(rows, key=lambda r: r["tokens_per_s"])
-    return best
-
-
 def render_draft_budget(data: dict) -> list[str]:
     """Whole decodes at several draft budgets: per shape, task and budget the two compared modes' tokens/s,
     then each mode at its fastest budget against the other at its own."""
@@ -127,7 +116,8 @@ def render_draft_budget(data: dict) -> list[str]:
                 sp, sf = at["spiffy_compiled"]["tokens_per_s"], at["specfold"]["tokens_per_s"]
                 rows.append([SHAPES[model], task, str(budget), _f(at["specfold"]["nfe"]), f"{sp:.0f}", f"{sf:.0f}",
                              f"{sf / sp:.2f}x"])
-            best = best_budgets(data, model, task)
+            best = {m: max(found, key=lambda r: r["tokens_per_s"]) for m in ("spiffy_compiled", "specfold")
+                    if (found := _rows(data, model=model, task=task, mode=m))}  # each mode's fastest budget
             if len(best) == 2:
                 sp, sf = best["spiffy_compiled"], best["specfold"]
                 best_rows.append([SHAPES[model], task, f"{sp['tokens_per_s']:.0f} ({draft_budget(sp)})",
