@@ -233,11 +233,12 @@ E2E_SECTIONS = [
             "budget: its acceptance, its fold masks). Fewer drafts make each call cheaper and accept less, and "
             "the two modes trade these differently: Spiffy under Inductor pays for every draft row, so it "
             "decodes fastest at budget 4 on every task; SpecFold pays for the computed rows, so it is fastest at "
-            "16 on math and code. At budget 4 (N = 5) the cost model runs SpecFold's plain graph, which is "
+            "16 on math and code at 1.5B and 7B, and at 4 on the rest (NLD-3B's every task). At budget 4 (N = 5) the cost model runs SpecFold's plain graph, which is "
             "Spiffy's: the two modes' rows there differ by 1-2%, the spread of the same work in two passes. Each "
             "mode at its own fastest budget, SpecFold decodes 1.02x / 1.03x / 1.01x as fast as Spiffy under "
-            "Inductor at 1.5B and 1.06x / 1.06x / 1.01x at 7B (math / code / instruct), against 1.20x / 1.16x / "
-            "1.21x and 1.37x / 1.20x / 1.48x at the shared default of 16 in this run.",
+            "Inductor at 1.5B, 1.06x / 1.06x / 1.01x at 7B and 1.00x / 1.01x / 1.01x at NLD-3B (math / code / "
+            "instruct), against 1.20x / 1.16x / 1.21x, 1.37x / 1.20x / 1.48x and 1.20x / 1.10x / 1.26x at the "
+            "shared default of 16 in these runs.",
             render_draft_budget),
     Section("Whole decodes with the prefill replayed (H100)", "h100/end_to_end.json",
             "python -m bench.end_to_end --device cuda --limit 6 --repeats 3 --modes vanilla,"
