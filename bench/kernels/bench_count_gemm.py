@@ -4,7 +4,10 @@ group whose end is ``count`` (CUTLASS on Hopper: row tiles past the count do no 
 weight read once), one decoder layer's packed linears (qkv, gate_up, down), weights cold in L2.
 
     PYTHONPATH=. python bench/kernels/bench_count_gemm.py --models fast-dllm-v2-1.5b,fast-dllm-v2-7b,nld-3b \
-        --out bench/results/h200/bench_count_gemm.json
+        --out bench/kernels/results/bench_count_gemm_h100.json
+
+(the committed run is an H100's; docs/design-notes.md reads it). ``mm_exact_rows`` (cuBLAS on exactly
+``count`` rows, as if the host knew it) is the bound of any GEMM that follows the count.
 
 Rows: {"model", "rows" (R = N * 32), "count", "variant", "us" (per layer, CUDA-graph replays), "err"
 (relative error of the computed rows against fp32)}. Also probes whether this torch can capture CUDA-graph
