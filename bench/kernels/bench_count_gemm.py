@@ -1,7 +1,9 @@
 """GEMMs over the first ``count`` rows of a packed batch, ``count`` on the device: the packed linears'
 fixed cuBLAS head + count-aware spill (what the backend runs) against ``torch._grouped_mm`` with one
 group whose end is ``count`` (CUTLASS on Hopper: row tiles past the count do no work, in one launch, each
-weight read once), one decoder layer's packed linears (qkv, gate_up, down), weights cold in L2.
+weight read once), and against a Triton GEMM for few rows that follows the count (``fewrow_gemm.py``:
+``triton_fewrow`` in row tiles of 256, ``triton_fewrow_64`` of 64), one decoder layer's packed linears
+(qkv, gate_up, down), weights cold in L2.
 
     PYTHONPATH=. python bench/kernels/bench_count_gemm.py --models fast-dllm-v2-1.5b,fast-dllm-v2-7b,nld-3b \
         --out bench/kernels/results/bench_count_gemm_h100.json
@@ -27,6 +29,7 @@ import json
 import torch
 
 from bench.kernels.bench_cublas_gemm import gpu_args, replay_median_ms, weight_shapes
+from bench.kernels.fewrow_gemm import fewrow_gemm
 
 from specfold_compile.models.config import preset
 
@@ -155,6 +158,13 @@ def main() -> None:
                             outs[i] = torch._grouped_mm(x, wt if kn else w.t().unsqueeze(0), offs=offs)
                 return run
 
+            def fewrow(tile: int):
+                def run():
+                    for ws in layers:
+                        for i, (x, w) in enumerate(zip(xs, ws)):
+                            outs[i] = fewrow_gemm(x, w, None, count, tile=tile)
+                return run
+
             def mm_rows(c):
                 def run():
                     for ws in layers:
@@ -167,7 +177,8 @@ def main() -> None:
                 offs.fill_(c)
                 variants = {"fixed_head_spill": fixed_head, "mm_exact_rows": mm_rows(c),
                             "grouped_mm": grouped(False, False), "grouped_mm_cast": grouped(False, True),
-                            "grouped_mm_kn": grouped(True, False)}
+                            "grouped_mm_kn": grouped(True, False), "triton_fewrow": fewrow(256),
+                            "triton_fewrow_64": fewrow(64)}
                 for vname, fn in variants.items():
                     row = {"model": name, "rows": R, "count": c, "variant": vname}
                     try:
