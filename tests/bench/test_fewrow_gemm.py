@@ -35,7 +35,7 @@ def test_fewrow_gemm_matches_reference(R, K, M, bias, count_mode, tile, config, 
     torch.testing.assert_close(y[:n].float(), packed_linear_ref(x, w, b)[:n].float(), **tol(dtype))
 
 
-def test_fewrow_gemm_leading_dims_and_rows_past_count():
+def test_fewrow_gemm_leading_dims_and_a_second_row_tile():
     gen = torch.Generator().manual_seed(3)
     x = randn(522, 1, 32, gen=gen)
     w = randn(24, 32, gen=gen)
