@@ -162,3 +162,18 @@ def test_heads_mode_takes_its_profile_from_another_record(trace, tmp_path, capsy
             trace_driven.main(["replay", "--device", "cpu", "--trace", str(trace), *argv,
                                "--out", str(tmp_path / "x.json")])
         assert match in capsys.readouterr().err
+
+
+def test_step_ratio_compares_the_same_calls_only():
+    """The per-step column: Spiffy under Inductor's step over the row's, from the plain passes where a row
+    has them; a row that made other calls (vanilla: a different number of steps) gets none."""
+    def row(mode, steps, plain_step_ms, step_ms=9.0):
+        return {"model": "m", "task": "math", "mode": mode, "trace_driven": True, "fuse_boundaries": False,
+                "steps": steps, "plain_step_ms": plain_step_ms, "step_ms": step_ms}
+    base, folded, vanilla = row("spiffy_compiled", 16, 4.0), row("specfold", 16, 3.2), row("vanilla", 25, 3.0)
+    data = {"rows": [vanilla, base, folded]}
+    assert report_e2e._step_ratio(data, folded) == "1.25x"
+    assert report_e2e._step_ratio(data, vanilla) == ""
+    instrumented_only = row("specfold", 16, None, step_ms=2.0)  # no plain passes: the instrumented step
+    assert report_e2e._step_ratio(data, instrumented_only) == "2.00x"
+    assert report_e2e._step_ratio({"rows": [folded]}, folded) == ""  # no Spiffy row to compare with
