@@ -214,6 +214,22 @@ E2E_SECTIONS = [
             "rows within this section only: its separate rows run slower than the section above's (SpecFold at "
             "1.5B math 1147 against 1519 tokens/s), so the two sections' runs differ in more than the "
             "boundaries.", render_end_to_end),
+    Section("Block boundaries separate and fused (H100)", "h100/fused_boundaries.json",
+            "python -m bench.trace_driven record --device cpu --limit 4 [--fuse-boundaries] --out TRACE.pt, then "
+            "python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models MODEL --repeats 3 --modes "
+            "spiffy_compiled,specfold (one process a shape and record, all on one machine); merged with python -m "
+            "bench.plot bench/results/h100/fused_boundaries.json RUN.json ...",
+            "The two compared modes from records of the Fast-dLLM v2 prompt layout (no `--grid`: a prompt's tail "
+            "shares the first decoded block, so the prefill verifies it and most answers cross a block "
+            "boundary), block boundaries separate and fused. Fused, a problem takes one forward fewer on math "
+            "(2.5 against 3.5), and decodes run faster in both modes: at 1.5B Spiffy under Inductor 1.17x / "
+            "1.12x / 1.01x and SpecFold 1.17x / 1.14x / 1.02x (math / code / instruct), at 7B 1.19x / 1.14x / "
+            "1.01x and 1.20x / 1.15x / 1.02x; the math prefill that verifies the first block costs 0.17-0.21 ms "
+            "more at 1.5B (4.71 ms) and 0.55-0.61 ms more at 7B (9.18-9.21 ms). This is not the H200 section's "
+            "outcome, where fusing lost on math; the default stays separate until the two are measured again "
+            "on one machine. The `--grid` record of the headline has nothing to fuse: its prompts fill whole "
+            "blocks (the first state's seed comes from the prefill) and its answers fit in one block.",
+            render_end_to_end),
     Section("Prefill and block writes compiled (H200)", "h200/compile_writes.json",
             "python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models MODEL --repeats 3 --modes "
             "spiffy_compiled,specfold --compile-writes (the --grid record of the first section, one process a "
@@ -274,6 +290,16 @@ E2E_SECTIONS = [
             "so the same point measured in two processes has differed by up to a third: compare rows of one "
             "process. The replayed prefill runs the model's eager layers: at 1.5B a math prompt's, one block plus "
             "the verified first block, takes 4.8 ms (2.7 ms compiled, next section).", render_end_to_end),
+    Section("The shipped model, a second run (H100)", "h100/end_to_end_shipped_repeat.json",
+            "bash bench/gpu_session.sh shipped --modes vanilla,vanilla_device,spiffy,spiffy_device,"
+            "spiffy_compiled_launched_prefill,specfold_launched_prefill,spiffy_compiled,specfold,"
+            "spiffy_compiled_device,specfold_device,spiffy_compiled_device_fused,specfold_device_fused",
+            "The section above's shipped-model rows measured again in another machine session, with the eager "
+            "modes added. The device loop against the Python loop with its prefill launched: SpecFold 2.14x / "
+            "1.20x / 1.21x (math / code / instruct), Spiffy under Inductor 2.17x / 1.21x / 1.22x, against 2.61x / "
+            "1.29x / 1.50x and 2.63x / 1.30x / 1.49x above; the launched-prefill rows ran faster here (instruct "
+            "2362 against 1863 tokens/s), the device loop's about as fast (2865 against 2802).",
+            render_end_to_end),
     Section("Prefill and block writes compiled (H100)", "h100/compile_writes.json",
             "python -m bench.trace_driven record --device cpu --limit 4 --fuse-boundaries --out TRACE.pt, then "
             "python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models fast-dllm-v2-1.5b "
