@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|shipped|trace_driven|grid|budgets|heads|cli [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|shipped|trace_driven|grid|boundaries|budgets|heads|cli [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -208,6 +208,20 @@ case "$part" in
                       --modes vanilla,spiffy,spiffy_compiled,specfold --out "$OUT/grid_$m.json" "${extra[@]}" 2>&1 \
                       | tee -a "$OUT/log.txt"
                   done ;;
+  boundaries)     # block boundaries separate against fused (fuse_boundaries=True), Spiffy under Inductor and SpecFold,
+                  # from records of the Fast-dLLM v2 prompt layout (made on this machine's CPU if missing, ~15 s each),
+                  # each replayed twice, alternating, one process a replay (~6 min at 1.5B on an H100, ~9 at 7B);
+                  # one shape per call: TRACE_MODELS=...; merge a pair into bench/results/<gpu>/fused_boundaries.json
+                  for f in sep fused; do
+                    flag=(); [ $f = fused ] && flag=(--fuse-boundaries)
+                    [ -f .traces/trace_$f.pt ] || python -m bench.trace_driven record --device cpu --limit 4 "${flag[@]}" \
+                      --out .traces/trace_$f.pt 2>&1 | tee -a "$OUT/log.txt"
+                  done
+                  for m in ${TRACE_MODELS:-fast-dllm-v2-1.5b}; do for r in 1 2; do for f in sep fused; do
+                    python -m bench.trace_driven replay --trace .traces/trace_$f.pt --device cuda --models "$m" --repeats 3 \
+                      --modes spiffy_compiled,specfold --out "$OUT/boundaries_${m}_${f}_$r.json" "${extra[@]}" 2>&1 \
+                      | tee -a "$OUT/log.txt"
+                  done; done; done ;;
   budgets)        # Spiffy under Inductor and SpecFold at draft budgets 4, 8, 12 and 16, each from a --grid record of
                   # its own (made on this machine's CPU if missing, ~15 s each), one process a record (~1.5 min each
                   # on a warm H100 at 1.5B, 3 min cold); one shape per call: TRACE_MODELS=...
