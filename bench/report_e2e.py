@@ -21,9 +21,15 @@ def mode_name(row: dict) -> str:
     return MODE_NAMES[row["mode"]]
 
 
-def _e2e_ratio(data: dict, row: dict) -> str:
-    base = _one(data, model=row["model"], task=row["task"], mode="spiffy_compiled", trace_driven=row["trace_driven"],
+def _spiffy_compiled_twin(data: dict, row: dict) -> dict | None:
+    """The row of Spiffy under Inductor that ``row`` is compared with: same shape, task, record kind and
+    block boundaries."""
+    return _one(data, model=row["model"], task=row["task"], mode="spiffy_compiled", trace_driven=row["trace_driven"],
                 fuse_boundaries=row.get("fuse_boundaries"))
+
+
+def _e2e_ratio(data: dict, row: dict) -> str:
+    base = _spiffy_compiled_twin(data, row)
     return f"{row['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else ""
 
 
@@ -36,8 +42,7 @@ def _step_ratio(data: dict, row: dict) -> str:
     """Spiffy under Inductor's step over the row's, where both made the same number of steps (the speculative
     modes of one record: the same calls). A whole decode's ratio lies between 1 and this one, since the
     prefill and block writes cost every mode of a record the same."""
-    base = _one(data, model=row["model"], task=row["task"], mode="spiffy_compiled", trace_driven=row["trace_driven"],
-                fuse_boundaries=row.get("fuse_boundaries"))
+    base = _spiffy_compiled_twin(data, row)
     if not base or base.get("steps") is None or base.get("steps") != row.get("steps"):
         return ""
     return f"{_step_ms(base) / _step_ms(row):.2f}x"
