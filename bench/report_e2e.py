@@ -22,10 +22,16 @@ def mode_name(row: dict) -> str:
 
 
 def _spiffy_compiled_twin(data: dict, row: dict) -> dict | None:
-    """The row of Spiffy under Inductor that ``row`` is compared with: same shape, task, record kind and
-    block boundaries."""
+    """The row of Spiffy under Inductor that ``row`` is compared with: same shape, task, record kind, block
+    boundaries and repeat (``repeat``: one of several runs of the same point)."""
     return _one(data, model=row["model"], task=row["task"], mode="spiffy_compiled", trace_driven=row["trace_driven"],
-                fuse_boundaries=row.get("fuse_boundaries"))
+                fuse_boundaries=row.get("fuse_boundaries"), repeat=row.get("repeat"))
+
+
+def _boundaries(row: dict) -> str:
+    """A row's block boundaries in words, and its repeat where the run has several."""
+    label = BOUNDARIES[row.get("fuse_boundaries") or False]
+    return label + (f", run {row['repeat']}" if row.get("repeat") is not None else "")
 
 
 def _e2e_ratio(data: dict, row: dict) -> str:
@@ -100,7 +106,7 @@ def render_end_to_end(data: dict) -> list[str]:
         lines += _table(["shape", "task", "block boundaries", "mode", "tokens/s", "NFE", "step (ms)", "host (ms)",
                          "host, plain passes (ms)", "prefill (ms)", "TTFT (ms)", "/ Spiffy, Inductor",
                          "/ Spiffy, Inductor, a step", "trace reproduced"],
-                        [[SHAPES.get(r["model"], r["model"]), r["task"], BOUNDARIES[r.get("fuse_boundaries") or False],
+                        [[SHAPES.get(r["model"], r["model"]), r["task"], _boundaries(r),
                           mode_name(r),
                           f"{r['tokens_per_s']:.0f}", _f(r["nfe"]), _f(r["step_ms"]), _f(r["host_ms"]),
                           _f(r.get("plain_host_ms")), _f(r.get("prefill_ms")), _f(r["ttft_ms"], 1), _e2e_ratio(data, r),
@@ -231,9 +237,22 @@ E2E_SECTIONS = [
             "1.12x / 1.01x and SpecFold 1.17x / 1.14x / 1.02x (math / code / instruct), at 7B 1.19x / 1.14x / "
             "1.01x and 1.20x / 1.15x / 1.02x; the math prefill that verifies the first block costs 0.17-0.21 ms "
             "more at 1.5B (4.71 ms) and 0.55-0.61 ms more at 7B (9.18-9.21 ms). This is not the H200 section's "
-            "outcome, where fusing lost on math; the default stays separate until the two are measured again "
-            "on one machine. The `--grid` record of the headline has nothing to fuse: its prompts fill whole "
+            "outcome, where fusing lost on math (the next section repeats it on another H100; the default stays "
+            "separate until the H200 repeats it too). The `--grid` record of the headline has nothing to fuse: its prompts fill whole "
             "blocks (the first state's seed comes from the prefill) and its answers fit in one block.",
+            render_end_to_end),
+    Section("Block boundaries separate and fused, repeated (H100)", "h100/fused_boundaries_repeat.json",
+            "bash bench/gpu_session.sh boundaries (records made on the CPU with python -m bench.trace_driven record "
+            "--device cpu --limit 4 [--fuse-boundaries]; four replays at fast-dllm-v2-1.5b in the order separate, "
+            "fused, separate, fused, one process each, on one machine); merged with python -m bench.plot "
+            "bench/results/h100/fused_boundaries_repeat.json RUN.json ... (each run's rows tagged with its repeat)",
+            "The section above's comparison at 1.5B on another H100 machine, each record replayed twice, "
+            "alternating, so that a drift of the machine would show as a difference between the two runs of one "
+            "record. Fused against separate, run 1 and run 2: Spiffy under Inductor 1.18x and 1.17x (math), 1.13x "
+            "and 1.13x (code), 1.01x and 1.01x (instruct); SpecFold 1.14x and 1.11x, 1.10x and 1.07x, 1.00x and "
+            "0.99x. Fusing pays both modes here again, Spiffy more than SpecFold, so SpecFold's ratio to Spiffy "
+            "under Inductor is lower with fused boundaries (math 1.08x and 1.04x, against 1.12x and 1.10x "
+            "separate). The math prefill that verifies the first block costs 0.16-0.29 ms more (4.75-4.80 ms).",
             render_end_to_end),
     Section("Prefill and block writes compiled (H200)", "h200/compile_writes.json",
             "python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models MODEL --repeats 3 --modes "

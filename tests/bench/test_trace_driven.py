@@ -177,3 +177,26 @@ def test_step_ratio_compares_the_same_calls_only():
     instrumented_only = row("specfold", 16, None, step_ms=2.0)  # no plain passes: the instrumented step
     assert report_e2e._step_ratio(data, instrumented_only) == "2.00x"
     assert report_e2e._step_ratio({"rows": [folded]}, folded) == ""  # no Spiffy row to compare with
+
+
+def test_repeats_of_one_point_are_kept_and_compared_within_their_run(tmp_path):
+    """Rows tagged with a ``repeat`` survive a merge side by side, each ratio column compares a row with
+    Spiffy under Inductor of its own run, and the table names the run."""
+    def row(mode, repeat, tokens_per_s, step_ms):
+        return {"model": "fast-dllm-v2-1.5b", "task": "math", "mode": mode, "trace_driven": True,
+                "fuse_boundaries": True, "repeat": repeat, "steps": 9, "tokens_per_s": tokens_per_s,
+                "step_ms": step_ms, "plain_step_ms": step_ms, "host_ms": 0.1, "nfe": 2.5, "ttft_ms": 10.0,
+                "trace_reproduced": True}
+    runs = [[row("spiffy_compiled", 1, 2000.0, 3.0), row("specfold", 1, 2400.0, 2.5)],
+            [row("spiffy_compiled", 2, 1600.0, 4.0), row("specfold", 2, 2400.0, 2.0)]]
+    paths = []
+    for i, rows in enumerate(runs):
+        paths.append(tmp_path / f"run{i}.json")
+        paths[-1].write_text(json.dumps({"suite": "end_to_end", "rows": rows}))
+    data = json.loads(plot.merge_results(tmp_path / "merged.json", paths).read_text())
+    assert len(data["rows"]) == 4
+    second = data["rows"][3]
+    assert report_e2e._e2e_ratio(data, second) == "1.50x" and report_e2e._step_ratio(data, second) == "2.00x"
+    assert report_e2e._e2e_ratio(data, data["rows"][1]) == "1.20x"
+    table = "\n".join(report_e2e.render_end_to_end(data))
+    assert "| fused, run 2 | SpecFold | 2400 |" in table
