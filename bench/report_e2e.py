@@ -243,16 +243,19 @@ E2E_SECTIONS = [
             render_end_to_end),
     Section("Block boundaries separate and fused, repeated (H100)", "h100/fused_boundaries_repeat.json",
             "bash bench/gpu_session.sh boundaries (records made on the CPU with python -m bench.trace_driven record "
-            "--device cpu --limit 4 [--fuse-boundaries]; four replays at fast-dllm-v2-1.5b in the order separate, "
-            "fused, separate, fused, one process each, on one machine); merged with python -m bench.plot "
+            "--device cpu --limit 4 [--fuse-boundaries]; per shape four replays in the order separate, fused, "
+            "separate, fused, one process each, on one machine); merged with python -m bench.plot "
             "bench/results/h100/fused_boundaries_repeat.json RUN.json ... (each run's rows tagged with its repeat)",
-            "The section above's comparison at 1.5B on another H100 machine, each record replayed twice, "
+            "The section above's comparison on other H100 machines (one a shape), each record replayed twice, "
             "alternating, so that a drift of the machine would show as a difference between the two runs of one "
-            "record. Fused against separate, run 1 and run 2: Spiffy under Inductor 1.18x and 1.17x (math), 1.13x "
-            "and 1.13x (code), 1.01x and 1.01x (instruct); SpecFold 1.14x and 1.11x, 1.10x and 1.07x, 1.00x and "
-            "0.99x. Fusing pays both modes here again, Spiffy more than SpecFold, so SpecFold's ratio to Spiffy "
-            "under Inductor is lower with fused boundaries (math 1.08x and 1.04x, against 1.12x and 1.10x "
-            "separate). The math prefill that verifies the first block costs 0.16-0.29 ms more (4.75-4.80 ms).",
+            "record. Fused against separate, run 1 and run 2 (math / code / instruct): at 1.5B Spiffy under "
+            "Inductor 1.18x and 1.17x / 1.13x and 1.13x / 1.01x and 1.01x, SpecFold 1.14x and 1.11x / 1.10x and "
+            "1.07x / 1.00x and 0.99x; at 7B Spiffy under Inductor 1.19x and 1.17x / 1.15x and 1.14x / 1.02x and "
+            "1.02x, SpecFold 1.20x and 1.23x / 1.15x and 1.16x / 1.03x and 1.01x. Fusing pays both modes again. "
+            "At 1.5B it pays Spiffy more than SpecFold, so SpecFold's ratio to Spiffy under Inductor is lower "
+            "with fused boundaries (math 1.08x and 1.04x, against 1.12x and 1.10x separate); at 7B about the "
+            "same (math 1.19x and 1.22x, against 1.17x and 1.17x). The math prefill that verifies the first "
+            "block costs 0.16-0.29 ms more at 1.5B (4.75-4.80 ms) and 0.44-0.59 ms more at 7B (9.17-9.25 ms).",
             render_end_to_end),
     Section("Prefill and block writes compiled (H200)", "h200/compile_writes.json",
             "python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models MODEL --repeats 3 --modes "
