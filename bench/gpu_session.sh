@@ -211,7 +211,8 @@ case "$part" in
   boundaries)     # block boundaries separate against fused (fuse_boundaries=True), Spiffy under Inductor and SpecFold,
                   # from records of the Fast-dLLM v2 prompt layout (made on this machine's CPU if missing, ~15 s each),
                   # each replayed twice, alternating, one process a replay (~6 min at 1.5B on an H100, ~9 at 7B);
-                  # one shape per call: TRACE_MODELS=...; merge a pair into bench/results/<gpu>/fused_boundaries.json
+                  # one shape per call: TRACE_MODELS=...; merge the runs into bench/results/<gpu>/fused_boundaries_repeat.json
+                  # (their rows tagged with the run, --tag-repeat, so that the merge keeps both runs)
                   for f in sep fused; do
                     flag=(); [ $f = fused ] && flag=(--fuse-boundaries)
                     [ -f .traces/trace_$f.pt ] || python -m bench.trace_driven record --device cpu --limit 4 "${flag[@]}" \
@@ -219,8 +220,8 @@ case "$part" in
                   done
                   for m in ${TRACE_MODELS:-fast-dllm-v2-1.5b}; do for r in 1 2; do for f in sep fused; do
                     python -m bench.trace_driven replay --trace .traces/trace_$f.pt --device cuda --models "$m" --repeats 3 \
-                      --modes spiffy_compiled,specfold --out "$OUT/boundaries_${m}_${f}_$r.json" "${extra[@]}" 2>&1 \
-                      | tee -a "$OUT/log.txt"
+                      --modes spiffy_compiled,specfold --tag-repeat $r --out "$OUT/boundaries_${m}_${f}_$r.json" \
+                      "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
                   done; done; done ;;
   budgets)        # Spiffy under Inductor and SpecFold at draft budgets 4, 8, 12 and 16, each from a --grid record of
                   # its own (made on this machine's CPU if missing, ~15 s each), one process a record (~1.5 min each

@@ -245,7 +245,8 @@ E2E_SECTIONS = [
             "bash bench/gpu_session.sh boundaries (records made on the CPU with python -m bench.trace_driven record "
             "--device cpu --limit 4 [--fuse-boundaries]; per shape four replays in the order separate, fused, "
             "separate, fused, one process each, on one machine); merged with python -m bench.plot "
-            "bench/results/h100/fused_boundaries_repeat.json RUN.json ... (each run's rows tagged with its repeat)",
+            "bench/results/h100/fused_boundaries_repeat.json RUN.json ... (each run's rows tagged with its repeat, "
+            "replay --tag-repeat K)",
             "The section above's comparison on other H100 machines (one a shape), each record replayed twice, "
             "alternating, so that a drift of the machine would show as a difference between the two runs of one "
             "record. Fused against separate, run 1 and run 2 (math / code / instruct): at 1.5B Spiffy under "

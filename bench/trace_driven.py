@@ -218,7 +218,8 @@ def replay(args, trace: dict, name: str) -> list[dict]:
                        same_as_host_twin=None, tokens_match=None,
                        trace_reproduced=all(r["reproduced"] for i in idx for r in runs[mode][i]),
                        draft_budget=args.draft_budget,
-                       record={"model": trace["model"], "decode": kind, "tau": trace["tau"]})
+                       record={"model": trace["model"], "decode": kind, "tau": trace["tau"]},
+                       **({} if args.tag_repeat is None else {"repeat": args.tag_repeat}))
             rows.append(row)
             print(json.dumps(rows[-1]), flush=True)
         if cuda:
@@ -319,6 +320,9 @@ def main(argv=None) -> int:
                     help="replay: integer config fields replacing the presets' (e.g. a tiny preset at the record's "
                          "block size: block_size=32,sub_block_size=8,vocab_size=1040)")
     ap.add_argument("--repeats", type=int, default=1, help="replay: timed passes, each prompt's median kept")
+    ap.add_argument("--tag-repeat", type=int, default=None, metavar="K",
+                    help="replay: tag every row with repeat=K, one of several runs of the same points (bench.plot "
+                         "keeps such runs apart when merging, and the ratio columns compare within a run)")
     ap.add_argument("--eager-graphs", action="store_true", help="replay on the CPU: VerifyGraphs(replay='eager')")
     ap.add_argument("--compile-writes", action="store_true",
                     help="the prefill and block writes through torch.compile (generate's compile_writes)")
@@ -349,6 +353,8 @@ def main(argv=None) -> int:
             args.heads = head_profile(torch.load(args.heads_from, weights_only=False), args.heads_quantile)
         except (OSError, ValueError) as e:
             ap.error(f"--heads-from {args.heads_from}: {e}")
+    if args.tag_repeat is not None and args.tag_repeat < 1:
+        ap.error(f"--tag-repeat: expected a run number >= 1, got {args.tag_repeat}")
     if args.device == "cpu":
         torch.set_num_threads(1)
     default = "trace.pt" if args.command == "record" else "end_to_end_trace.json"

@@ -39,9 +39,10 @@ def test_replay_reproduces_the_record(trace, tmp_path):
 
 
 def test_all_logits_replays_the_same_calls(trace, tmp_path):
-    """``--all-logits``: every position's logits in each step, the same recorded calls (a row says which)."""
+    """``--all-logits``: every position's logits in each step, the same recorded calls (a row says which);
+    ``--tag-repeat K``: the rows carry ``repeat`` = K, untagged rows none."""
     rows = {}
-    for flag in ([], ["--all-logits"]):
+    for flag in ([], ["--all-logits", "--tag-repeat", "2"]):
         out = tmp_path / f"rows{len(flag)}.json"
         assert trace_driven.main(["replay", "--device", "cpu", "--eager-graphs", "--trace", str(trace), *flag,
                                   "--models", "tiny-fast-dllm-v2", "--modes", "spiffy",
@@ -49,6 +50,7 @@ def test_all_logits_replays_the_same_calls(trace, tmp_path):
         (rows[bool(flag)],) = json.loads(out.read_text())["rows"]
     for every, row in rows.items():
         assert row["all_logits"] is every and row["trace_reproduced"] is True
+        assert row.get("repeat") == (2 if every else None)
     assert rows[True]["nfe"] == rows[False]["nfe"]
 
 
@@ -70,6 +72,9 @@ def test_replay_errors(trace, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         trace_driven.main(["replay", "--device", "cpu", "--trace", str(trace), "--override", "block_size=x"])
     assert exc.value.code == 2 and "--override" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        trace_driven.main(["replay", "--device", "cpu", "--trace", str(trace), "--tag-repeat", "0"])
+    assert exc.value.code == 2 and "--tag-repeat: expected a run number >= 1, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="block size 16, the record's is 32"):
         trace_driven.main(["replay", "--device", "cpu", "--trace", str(trace), "--models", "tiny-nld",
                            "--out", str(tmp_path / "x.json")])
