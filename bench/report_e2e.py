@@ -224,7 +224,10 @@ E2E_SECTIONS = [
             "NLD-3B separate only (NLD predicts no next-block token before a write, so it never fuses). Compare "
             "rows within this section only: its separate rows run slower than the section above's (SpecFold at "
             "1.5B math 1147 against 1519 tokens/s), so the two sections' runs differ in more than the "
-            "boundaries.", render_end_to_end),
+            "boundaries. These rows ran with the prompt's prefill launched and copied into the static cache, "
+            "not replayed from a CUDA graph as by default (TTFT at 1.5B math 22.1-24.6 ms, against 11.0-12.3 "
+            "ms in the H100 sections below): the fused prefill, a launched pass, is what lost on math here.",
+            render_end_to_end),
     Section("Block boundaries separate and fused (H100)", "h100/fused_boundaries.json",
             "python -m bench.trace_driven record --device cpu --limit 4 [--fuse-boundaries] --out TRACE.pt, then "
             "python -m bench.trace_driven replay --trace TRACE.pt --device cuda --models MODEL --repeats 3 --modes "
@@ -237,8 +240,8 @@ E2E_SECTIONS = [
             "1.12x / 1.01x and SpecFold 1.17x / 1.14x / 1.02x (math / code / instruct), at 7B 1.19x / 1.14x / "
             "1.01x and 1.20x / 1.15x / 1.02x; the math prefill that verifies the first block costs 0.17-0.21 ms "
             "more at 1.5B (4.71 ms) and 0.55-0.61 ms more at 7B (9.18-9.21 ms). This is not the H200 section's "
-            "outcome, where fusing lost on math (the next section repeats it on another H100; the default stays "
-            "separate until the H200 repeats it too). The `--grid` record of the headline has nothing to fuse: its prompts fill whole "
+            "outcome, where fusing lost on math with the prefill launched (the next section repeats it on other "
+            "H100s; the default stays separate, docs/design-notes.md says why). The `--grid` record of the headline has nothing to fuse: its prompts fill whole "
             "blocks (the first state's seed comes from the prefill) and its answers fit in one block.",
             render_end_to_end),
     Section("Block boundaries separate and fused, repeated (H100)", "h100/fused_boundaries_repeat.json",
