@@ -6,7 +6,8 @@ never read through; the resolve kernel sets the caller's ``invalid_flag`` when t
      row-minus-parent difference and of the parent row, chunked over C.
   2. ``_resolve_kernel``: a single program; holds the [N, B] fold tile in registers, computes the
      compaction positions with ``tl.cumsum`` (deterministic), then resolves origins by pointer
-     jumping (ceil(log2(N - 1)) rounds instead of a walk over N rows) and slots by one gather.
+     jumping (ceil(log2(N - 1)) rounds instead of a walk over N rows) and slots by one more gather: in
+     registers (``tl.gather``) up to ``REGISTER_TILE_MAX`` tile elements, through global memory beyond.
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def _resolve_kernel(
     fold_ptr, parents_ptr, origin_ptr, rows_ptr, count_ptr, slot_ptr, fold_out_ptr, invalid_ptr,
     N, B,
     BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, JUMPS: tl.constexpr, WRITE_FOLD: tl.constexpr,
-    WRITE_INVALID: tl.constexpr,
+    WRITE_INVALID: tl.constexpr, IN_REGISTERS: tl.constexpr,
 ):
     rn = tl.arange(0, BLOCK_N)
     rb = tl.arange(0, BLOCK_B)
@@ -82,29 +83,40 @@ def _resolve_kernel(
     pos = row_excl[:, None] + in_row - 1                        # valid where computed
     count = tl.sum(row_tot, axis=0)
 
-    # Origin by pointer jumping: link = the same position of the parent row where folded, else itself
-    # (computed rows are fixed points). After j rounds link is 2^j steps up the fold chain, so
-    # JUMPS = ceil(log2(N - 1)) rounds reach the computed end of any chain. Registers cannot be
-    # gathered, so each round goes through origin_ptr; the barriers make one round's stores visible to
-    # every thread of this single program before the next round's loads (and keep loads before stores).
-    link = tl.where(fold, par[:, None] * B + rb[None, :], flat)
-    for _ in tl.static_range(JUMPS):
+    # Origin by pointer jumping: link[n, b] = the parent row where (n, b) folds, else n (computed rows are
+    # fixed points; an origin keeps its position b). After j rounds of link[n, b] = link[link[n, b], b] it
+    # points 2^j steps up the fold chain, so JUMPS = ceil(log2(N - 1)) rounds reach the computed end of any
+    # chain. Padding rows (n >= N) never fold, so every index stays inside the tile.
+    link = tl.where(fold, par[:, None], rn[:, None])
+    if IN_REGISTERS:  # the rounds as gathers over the tile, then the slots by one more
+        for _ in tl.static_range(JUMPS):
+            link = tl.gather(link, link, 0)
+        slot = tl.gather(pos, link, 0)
+        tl.store(origin_ptr + flat, (link * B + rb[None, :]).to(tl.int64), mask=valid)
+        tl.store(slot_ptr + flat, slot.to(tl.int64), mask=valid)
+    else:  # each round through origin_ptr; the barriers order one round's stores before the next's loads
+        link = link * B + rb[None, :]
+        for _ in tl.static_range(JUMPS):
+            tl.store(origin_ptr + flat, link.to(tl.int64), mask=valid)
+            tl.debug_barrier()
+            link = tl.load(origin_ptr + link, mask=valid, other=0, cache_modifier=".cg").to(tl.int32)
+            tl.debug_barrier()
         tl.store(origin_ptr + flat, link.to(tl.int64), mask=valid)
+        # publish the computed rows' positions, then gather them through the origin map
+        tl.store(slot_ptr + flat, pos.to(tl.int64), mask=computed)
         tl.debug_barrier()
-        link = tl.load(origin_ptr + link, mask=valid, other=0, cache_modifier=".cg").to(tl.int32)
+        slot = tl.load(slot_ptr + link, mask=valid, other=0, cache_modifier=".cg")
         tl.debug_barrier()
-    tl.store(origin_ptr + flat, link.to(tl.int64), mask=valid)
-    # slot = compaction position of the origin (always a computed row): publish the computed rows'
-    # positions, then gather them through the origin map.
-    tl.store(slot_ptr + flat, pos.to(tl.int64), mask=computed)
-    tl.debug_barrier()
-    slot = tl.load(slot_ptr + link, mask=valid, other=0, cache_modifier=".cg")
-    tl.debug_barrier()
-    tl.store(slot_ptr + flat, slot, mask=valid)
+        tl.store(slot_ptr + flat, slot, mask=valid)
     # compaction: scatter computed flat indices to their positions; zero the tail [count, N*B)
     tl.store(rows_ptr + pos, flat.to(tl.int64), mask=computed)
     tl.store(rows_ptr + flat, tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.int64), mask=valid & (flat >= count))
     tl.store(count_ptr, count.to(tl.int64))
+
+
+# Largest padded [N, B] tile whose pointer jumping runs in registers (tl.gather): checked on an H100 up to
+# 512 x 32 and 256 x 64 (N = 257 at B = 32, N = 129 at B = 64); larger tiles take the global-memory rounds.
+REGISTER_TILE_MAX = 16384
 
 
 def _fold_flags(h: torch.Tensor, parents: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
@@ -170,7 +182,7 @@ def _resolve(fold: torch.Tensor, parents: torch.Tensor, write_fold: bool, invali
     _resolve_kernel[(1,)](
         fold_i8, parents, origin, rows, count, slot, fold_out, count if invalid_flag is None else invalid_flag,
         N, B, BLOCK_N=BLOCK_N, BLOCK_B=BLOCK_B, JUMPS=jumps, WRITE_FOLD=write_fold,
-        WRITE_INVALID=invalid_flag is not None, num_warps=4,
+        WRITE_INVALID=invalid_flag is not None, IN_REGISTERS=BLOCK_N * BLOCK_B <= REGISTER_TILE_MAX, num_warps=4,
     )
     return fold_out.view(torch.bool), origin, rows, count, slot
 

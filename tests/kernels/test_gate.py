@@ -1,9 +1,12 @@
+from unittest import mock
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 pytest.importorskip("triton")
 
+from specfold_compile.kernels import gate  # noqa: E402
 from specfold_compile.kernels import (fold_gate, fold_gate_from_flags, fold_gate_ref, resolve_folds,  # noqa: E402
                                      resolve_folds_ref)
 from specfold_compile.kernels.gate_ref import FoldChains, chain_depth, fold_flags_ref, resolve_folds_jump  # noqa: E402
@@ -111,15 +114,18 @@ def test_edge_cases_tau0_nan_zero_parent():
     assert fold[2, 1] and fold[2, 2]
 
 
-@settings(deadline=None, max_examples=15)
+@settings(deadline=None, max_examples=20)
 @given(N=st.integers(1, 12), B=st.integers(1, 12), p_fold=st.sampled_from([0.0, 0.3, 0.7, 1.0]),
-       chain=st.booleans(), seed=st.integers(0, 2**31 - 1))
-def test_resolve_folds_matches_ref(N, B, p_fold, chain, seed):
+       chain=st.booleans(), in_registers=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_resolve_folds_matches_ref(N, B, p_fold, chain, in_registers, seed):
+    """Both ways of pointer jumping (in registers, or through global memory for tiles past
+    ``REGISTER_TILE_MAX``) equal the reference."""
     gen = torch.Generator().manual_seed(seed)
     parents = random_parents(N, gen, chain)
     fold = (torch.rand(N, B, generator=gen) < p_fold).to(DEVICE)
     fold[0] = torch.rand(B, generator=gen) < 0.5  # row 0 must be ignored
-    out = resolve_folds(fold, parents)
+    with mock.patch.object(gate, "REGISTER_TILE_MAX", gate.REGISTER_TILE_MAX if in_registers else 0):
+        out = resolve_folds(fold, parents)
     ref = resolve_folds_ref(fold, parents)
     for a, b in zip(out, ref):
         assert torch.equal(a.cpu(), b.cpu())
