@@ -327,8 +327,8 @@ def plot_results(path: str | Path) -> Path:
 def _point(row: dict) -> tuple:
     """What a row measured (a re-measurement of the same point replaces it): a per_check point, one part
     of a breakdown row set (``part``, absent from per_check rows), an end-to-end row (``task``; its loop
-    with or without fused block boundaries; ``repeat``: one of several runs of the same point kept side by side)
-    or a batched one (``concurrency``, ``arrival``, ``attention``,
+    with or without fused block boundaries; ``repeat``: one of several runs of the same point, kept side by
+    side) or a batched one (``concurrency``, ``arrival``, ``attention``,
     its graphs, capacity, bounds on drafts and rows, its loop, ``loop_label``, and whether its rows were
     built after each block write: a row without ``rows_ahead`` had them built ahead where they could be)."""
     return tuple(row.get(k) for k in ("model", "prefix", "n_branches", "mode", "target_ratio", "what", "part", "task",

@@ -241,8 +241,9 @@ E2E_SECTIONS = [
             "1.01x and 1.20x / 1.15x / 1.02x; the math prefill that verifies the first block costs 0.17-0.21 ms "
             "more at 1.5B (4.71 ms) and 0.55-0.61 ms more at 7B (9.18-9.21 ms). This is not the H200 section's "
             "outcome, where fusing lost on math with the prefill launched (the next section repeats it on other "
-            "H100s; the default stays separate, docs/design-notes.md says why). The `--grid` record of the headline has nothing to fuse: its prompts fill whole "
-            "blocks (the first state's seed comes from the prefill) and its answers fit in one block.",
+            "H100s; the default stays separate, docs/design-notes.md says why). The `--grid` record of the "
+            "headline has nothing to fuse: its prompts fill whole blocks (the first state's seed comes from the "
+            "prefill) and its answers fit in one block.",
             render_end_to_end),
     Section("Block boundaries separate and fused, repeated (H100)", "h100/fused_boundaries_repeat.json",
             "bash bench/gpu_session.sh boundaries (records made on the CPU with python -m bench.trace_driven record "
