@@ -1,11 +1,16 @@
 """Benchmark fold_gate (flags + origin resolution + compaction) at the residual-stream shapes
-(bf16 h [N, 32, hidden]), with the bandwidth floor and the mismatch against the reference."""
+(bf16 h [N, 32, hidden]), with the bandwidth floor and the mismatch against the reference; the resolve
+launch both ways (its pointer jumping in registers, the default up to ``gate.REGISTER_TILE_MAX``, and
+through global memory)."""
 from __future__ import annotations
 
 from bench.kernels import _common as C  # first: sets TRITON_INTERPRET on CPU before the kernels import
 
+from unittest import mock
+
 import torch
 
+from specfold_compile.kernels import gate
 from specfold_compile.kernels.gate import fold_gate, resolve_folds
 from specfold_compile.kernels.gate_ref import fold_gate_ref, resolve_folds_ref
 
@@ -41,8 +46,13 @@ def main(argv=None):
             mism = sum(int((a != b).sum()) for a, b in zip(out, ref))
             ms = C.bench(lambda: fold_gate(h, parents, tau), args.quick)
             ms_resolve = C.bench(lambda: resolve_folds(out[0], parents), args.quick)
+            with mock.patch.object(gate, "REGISTER_TILE_MAX", 0):  # the rounds through global memory
+                global_out = resolve_folds(out[0], parents)
+                mism += sum(int((a != b).sum()) for a, b in zip(global_out, ref[1:]))
+                ms_resolve_global = C.bench(lambda: resolve_folds(out[0], parents), args.quick)
             fl = C.floor_ms(h.numel() * 2 + N * block * (1 + 8 * 3), 3.0 * h.numel())
             rows.append(dict(model=mname, N=N, B=block, C=m["hidden"], ms=ms, resolve_ms=ms_resolve,
+                             resolve_global_ms=ms_resolve_global,
                              **fl, frac_of_floor=fl["floor_ms"] / ms, mismatches=mism,
                              max_rel_err=float(mism), recompute=float(out[3]) / (N * block)))
     return C.emit("fold_gate", rows, args)
