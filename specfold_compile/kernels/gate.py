@@ -17,6 +17,10 @@ import triton.language as tl
 
 from . import _common
 
+# Largest padded [N, B] tile whose pointer jumping runs in registers (tl.gather): checked on an H100 up to
+# 512 x 32 and 256 x 64 (N = 257 at B = 32, N = 129 at B = 64); larger tiles take the global-memory rounds.
+REGISTER_TILE_MAX = 16384
+
 
 @triton.jit
 def _fold_flag_kernel(
@@ -112,11 +116,6 @@ def _resolve_kernel(
     tl.store(rows_ptr + pos, flat.to(tl.int64), mask=computed)
     tl.store(rows_ptr + flat, tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.int64), mask=valid & (flat >= count))
     tl.store(count_ptr, count.to(tl.int64))
-
-
-# Largest padded [N, B] tile whose pointer jumping runs in registers (tl.gather): checked on an H100 up to
-# 512 x 32 and 256 x 64 (N = 257 at B = 32, N = 129 at B = 64); larger tiles take the global-memory rounds.
-REGISTER_TILE_MAX = 16384
 
 
 def _fold_flags(h: torch.Tensor, parents: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
