@@ -1,7 +1,11 @@
 """Benchmark fold_gate (flags + origin resolution + compaction) at the residual-stream shapes
 (bf16 h [N, 32, hidden]), with the bandwidth floor and the mismatch against the reference; the resolve
 launch both ways (its pointer jumping in registers, the default up to ``gate.REGISTER_TILE_MAX``, and
-through global memory)."""
+through global memory), and the flag launch alone (``flags_ms``).
+
+``--flag-sweep``: the flag launch at every (BLOCK_ROWS, BLOCK_C, num_warps) of a grid against the default
+(``gate.flag_config``), each checked against the reference's fold mask; prints one ``flag_sweep`` line
+per point with the best config."""
 from __future__ import annotations
 
 from bench.kernels import _common as C  # first: sets TRITON_INTERPRET on CPU before the kernels import
@@ -9,6 +13,7 @@ from bench.kernels import _common as C  # first: sets TRITON_INTERPRET on CPU be
 from unittest import mock
 
 import torch
+import triton
 
 from specfold_compile.kernels import gate
 from specfold_compile.kernels.gate import fold_gate, resolve_folds
@@ -30,9 +35,41 @@ def make_problem(N, B, Cdim, tau, dev, dt, gen):
     return h.to(dev, dt), torch.tensor(par, device=dev)
 
 
+FLAG_SWEEP = [(rows, chunk, warps) for rows in (1, 2, 4, 8) for chunk in (512, 1024, 2048, 4096)
+              for warps in (1, 2, 4, 8)]
+FLAG_SWEEP_QUICK = [(1, 8, 1), (4, 16, 2)]
+
+
+def flag_sweep(args, models, block, ns) -> list[dict]:
+    """Every config of FLAG_SWEEP (chunks up to twice the row) at each model's width and N."""
+    dev, gen, tau, rows = C.device(), torch.Generator().manual_seed(0), torch.tensor(0.1, device=C.device()), []
+    for mname, m in models.items():
+        for N in ns:
+            h, parents = make_problem(N, block, m["hidden"], 0.1, dev, torch.bfloat16, gen)
+            ref = fold_gate_ref(h, parents, tau)[0]
+            default = gate.flag_config(m["hidden"])
+            grid = FLAG_SWEEP_QUICK if args.quick else [
+                c for c in FLAG_SWEEP if c[1] <= 2 * triton.next_power_of_2(m["hidden"]) and c[0] * c[1] <= 16384]
+            point = []
+            for cfg in dict.fromkeys(grid + [default]):
+                with mock.patch.object(gate, "flag_config", lambda _c, cfg=cfg: cfg):
+                    mism = int((gate._fold_flags(h, parents, tau) != ref).sum())
+                    ms = C.bench(lambda: gate._fold_flags(h, parents, tau), args.quick)
+                point.append(dict(model=mname, N=N, B=block, C=m["hidden"], config=list(cfg), default=cfg == default,
+                                  ms=ms, mismatches=mism))
+            best = min(point, key=lambda r: r["ms"])
+            ms_default = next(r["ms"] for r in point if r["default"])
+            print(f"flag_sweep {mname} N={N} best={tuple(best['config'])} {best['ms'] * 1e3:.2f} us "
+                  f"default={default} {ms_default * 1e3:.2f} us", flush=True)
+            rows += point
+    return rows
+
+
 def main(argv=None):
-    args = C.parse_args(argv, __doc__)
+    args = C.parse_args(argv, __doc__, extra=lambda ap: ap.add_argument("--flag-sweep", action="store_true"))
     models, block, _, ns = C.configs(args)
+    if args.flag_sweep:
+        return C.emit("fold_flags_sweep", flag_sweep(args, models, block, ns), args)
     dev = C.device()
     dt = torch.bfloat16
     gen = torch.Generator().manual_seed(0)
@@ -46,12 +83,13 @@ def main(argv=None):
             mism = sum(int((a != b).sum()) for a, b in zip(out, ref))
             ms = C.bench(lambda: fold_gate(h, parents, tau), args.quick)
             ms_resolve = C.bench(lambda: resolve_folds(out[0], parents), args.quick)
+            ms_flags = C.bench(lambda: gate._fold_flags(h, parents, tau), args.quick)
             with mock.patch.object(gate, "REGISTER_TILE_MAX", 0):  # the rounds through global memory
                 global_out = resolve_folds(out[0], parents)
                 mism += sum(int((a != b).sum()) for a, b in zip(global_out, ref[1:]))
                 ms_resolve_global = C.bench(lambda: resolve_folds(out[0], parents), args.quick)
             fl = C.floor_ms(h.numel() * 2 + N * block * (1 + 8 * 3), 3.0 * h.numel())
-            rows.append(dict(model=mname, N=N, B=block, C=m["hidden"], ms=ms, resolve_ms=ms_resolve,
+            rows.append(dict(model=mname, N=N, B=block, C=m["hidden"], ms=ms, resolve_ms=ms_resolve, flags_ms=ms_flags,
                              resolve_global_ms=ms_resolve_global,
                              **fl, frac_of_floor=fl["floor_ms"] / ms, mismatches=mism,
                              max_rel_err=float(mism), recompute=float(out[3]) / (N * block)))

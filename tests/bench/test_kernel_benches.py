@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("script, extra", [
     ("check_all.py", []), ("bench_attention.py", []), ("bench_attention.py", ["--sweep"]),
-    ("bench_swiglu.py", []), ("bench_swiglu.py", ["--sweep"]), ("bench_gate.py", []), ("bench_packed_linear.py", []),
+    ("bench_swiglu.py", []), ("bench_swiglu.py", ["--sweep"]), ("bench_gate.py", []), ("bench_gate.py", ["--flag-sweep"]),
+    ("bench_packed_linear.py", []),
     ("bench_ragged_attention.py", []),
 ])
 def test_kernel_benchmark_quick(script, extra, tmp_path):
@@ -23,7 +24,7 @@ def test_kernel_benchmark_quick(script, extra, tmp_path):
                            *extra], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(out.read_text())["results"]
-    assert rows and all(r.get("max_rel_err", 0.0) < 0.05 for r in rows)
+    assert rows and all(r.get("max_rel_err", 0.0) < 0.05 and r.get("mismatches", 0) == 0 for r in rows)
 
 
 @pytest.mark.parametrize("script", ["bench_cublas_gemm.py", "bench_cublas_variants.py", "bench_count_gemm.py"])

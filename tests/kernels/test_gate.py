@@ -74,6 +74,27 @@ def test_fold_gate_large_C_and_pow2_B():
     check_gate(h, parents, torch.tensor(0.1, device=DEVICE))
 
 
+@settings(**SETTINGS)
+@given(N=st.integers(1, 6), B=st.integers(1, 6), C=st.integers(1, 40), block_rows=st.sampled_from([1, 2, 4]),
+       block_c=st.sampled_from([4, 8, 16]), fold_prob=st.sampled_from([0.0, 0.5, 1.0]), seed=st.integers(0, 2**31 - 1))
+def test_fold_flags_in_chunks_match_ref(N, B, C, block_rows, block_c, fold_prob, seed):
+    """Rows longer than the flag launch's chunk (several chunks, the last one whole or ragged) decide as
+    the reference does; the default config takes a row in one chunk up to 4096 channels."""
+    gen = torch.Generator().manual_seed(seed)
+    parents = random_parents(N, gen)
+    h = gated_h(N, B, C, parents, 0.1, fold_prob, torch.float32, gen)
+    with mock.patch.object(gate, "flag_config", lambda _c: (block_rows, block_c, 1)):
+        check_gate(h, parents, torch.tensor(0.1, device=DEVICE))
+
+
+@pytest.mark.parametrize("C", [1, 48, 1000, 1536, 3584, 4096, 4097, 8192])
+def test_flag_config_bounds(C):
+    """Powers of two; a whole row in one chunk up to 4096 channels; at most 8192 elements a program."""
+    block_rows, block_c, warps = gate.flag_config(C)
+    assert all(v > 0 and v & (v - 1) == 0 for v in (block_rows, block_c, warps))
+    assert block_c >= min(C, 4096) and block_rows * block_c <= 8192
+
+
 def test_fold_gate_chain_all_folded():
     gen = torch.Generator().manual_seed(2)
     N, B, C = 8, 4, 16
