@@ -139,6 +139,22 @@ def render_breakdown(data: dict) -> list[str]:
     return [f"Kernel time in ms per forward, N = {n}, prefix {prefix}:", ""] + _table(header, rows) + [""]
 
 
+def render_gate_calls(data: dict) -> list[str]:
+    """One line a process, shape, N and target ratio: each variant's ms by repeat, dense under Inductor."""
+    keys = sorted({(r.get("process", 1), r["model"], r["n_branches"], r.get("target_ratio"))
+                   for r in data["rows"] if r["mode"] == "specfold"}, key=lambda k: (k[0], k[2], k[3]))
+    rows = []
+    for process, model, n, target in keys:
+        dense = _one(data, process=process, model=model, n_branches=n, mode="dense_compiled")
+        for variant in dict.fromkeys(r["gate_variant"] for r in _rows(data, process=process, model=model)):
+            runs = sorted(_rows(data, process=process, model=model, n_branches=n, target_ratio=target,
+                                mode="specfold", gate_variant=variant), key=lambda r: r["repeat"])
+            rows.append([str(process), SHAPES[model], str(n), f"{target:g}", f"`{variant}`",
+                         " / ".join(_f(r["ms"], 3) for r in runs), _f(dense and dense["ms"], 3)])
+    return _table(["process", "shape", "N", "target ratio", "gate variant", "ms, run 1 / run 2",
+                   "dense under Inductor (ms)"], rows) + [""]
+
+
 def render_memory(data: dict) -> list[str]:
     rows = []
     for prefix in sorted({r["prefix"] for r in data["rows"]}):
@@ -221,6 +237,15 @@ SECTIONS = [
             "python -m bench.run --suite breakdown --breakdown-modes dense_compiled,specfold --ns 17 "
             "--models fast-dllm-v2-1.5b,fast-dllm-v2-7b",
             "torch.profiler kernel time, grouped by kernel name; r = 0.19.", render_breakdown),
+    Section("The fold gate's launches in whole calls (H100)", "h100/gate_calls.json",
+            "python -m bench.gate_calls --models MODEL --variants VARIANTS (see its docstring)",
+            "Median of 30 CUDA-graph replays of one folded call, prefix 512, the logits of 60% of the positions, "
+            "per_check's random drafts at target recompute ratios 0.1 and 0.25 (measured 0.06 and 0.19). The "
+            "variants of a process ran alternating in that process; `default` is the shipped gate, "
+            "`flags_4rows_1024` its flag launch with four rows a program in 1024-channel chunks and four warps, "
+            "`resolve_global_memory` its resolve's pointer jumping through global memory. Kernel-level timings: "
+            "`python -m bench.kernels.bench_gate` (`bench/kernels/results/bench_gate_h100.json`, with "
+            "`--flag-sweep` `bench_gate_flag_sweep_h100.json`).", render_gate_calls),
     Section("Memory", "h200/memory.json", "python -m bench.run --suite memory",
             "Peak CUDA memory of one verification forward beyond the weights and the prefix cache.",
             render_memory),
