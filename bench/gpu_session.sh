@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|shipped|trace_driven|grid|boundaries|budgets|heads|cli [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|gate|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|shipped|trace_driven|grid|boundaries|budgets|heads|cli [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -74,6 +74,15 @@ case "$part" in
                     python bench/kernels/bench_$k.py --out "$OUT/bench_$k.json" 2>&1 | tail -n 3 | tee -a "$OUT/log.txt"
                   done
                   python bench/kernels/check_all.py --out "$OUT/check_all.json" 2>&1 | tail -n 5 | tee -a "$OUT/log.txt" ;;
+  gate)           # the fold gate: its launches timed alone (bench_gate; --flag-sweep: the flag launch's configs),
+                  # then whole folded calls with them one way or another (bench.gate_calls, one process a model;
+                  # GATE_MODELS, default the 1.5B shape: ~4 min with the kernels on an H100)
+                  python -m bench.kernels.bench_gate --ns 5,9,17,33 --out "$OUT/bench_gate.json" 2>&1 | tail -n 4 | tee -a "$OUT/log.txt"
+                  python -m bench.kernels.bench_gate --flag-sweep --ns 17,33 --out "$OUT/bench_gate_flag_sweep.json" 2>&1 \
+                    | grep "^flag_sweep" | tee -a "$OUT/log.txt"
+                  for m in ${GATE_MODELS:-fast-dllm-v2-1.5b}; do
+                    python -m bench.gate_calls --models "$m" --out "$OUT/gate_calls_$m.json" 2>&1 | tail -n 12 | tee -a "$OUT/log.txt"
+                  done ;;
   attention_sweep) # the prefix kernel over a grid of tile configs against its default and the earlier default's
                   # (~400 timings a model, ~4 min; one model per call or per GPU: --models fastdllm-1.5b)
                   python bench/kernels/bench_attention.py --sweep --ns 1,5,17,33 --out "$OUT/bench_attention_sweep.json" \
