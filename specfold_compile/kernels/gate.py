@@ -3,7 +3,8 @@
 Two launches, grids depend on shapes only (an invalid parent, see ``gate_ref``, folds nothing and is
 never read through; the resolve kernel sets the caller's ``invalid_flag`` when there is one):
   1. ``_fold_flag_kernel``: one program per BLOCK_ROWS rows (n, b); fp32 sums of squares of the
-     row-minus-parent difference and of the parent row, chunked over C.
+     row-minus-parent difference and of the parent row, chunked over C (``flag_config``: a row whole up
+     to 4096 channels).
   2. ``_resolve_kernel``: a single program; holds the [N, B] fold tile in registers, computes the
      compaction positions with ``tl.cumsum`` (deterministic), then resolves origins by pointer
      jumping (ceil(log2(N - 1)) rounds instead of a walk over N rows) and slots by one more gather: in
