@@ -62,6 +62,8 @@ def main(argv=None) -> int:
     suite = ["--suite", "per_check", "--models", args.models, "--prefixes", "512", "--ns", "17,33",
              "--ratios", "0.1,0.25", "--logit-fraction", "0.6", "--budget", "600"]
     suite += ["--cpu-dry-run"] if args.cpu_dry_run else []
+    procedure = (f"bench.gate_calls: per_check runs of {args.models} alternating in one process, "
+                 f"{args.repeats} repeat(s) of {', '.join(args.variants)}; dense under Inductor in the first run")
     rows, out_env = [], os.environ.get("OUT")
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -75,7 +77,7 @@ def main(argv=None) -> int:
                     rows += [{**r, "gate_variant": variant, "repeat": repeat} for r in run_rows
                              if r["mode"] in ("specfold", "dense_compiled")]
                     # after every run, so that a run cut short keeps the rows measured so far
-                    write_json(Path(args.out), rows, {"suite": "gate_calls"})
+                    write_json(Path(args.out), rows, {"suite": "gate_calls", "procedure": procedure})
     finally:
         if out_env is None:
             os.environ.pop("OUT", None)

@@ -151,8 +151,9 @@ def render_gate_calls(data: dict) -> list[str]:
                                 mode="specfold", gate_variant=variant), key=lambda r: r["repeat"])
             rows.append([str(process), SHAPES[model], str(n), f"{target:g}", f"`{variant}`",
                          " / ".join(_f(r["ms"], 3) for r in runs), _f(dense and dense["ms"], 3)])
-    return _table(["process", "shape", "N", "target ratio", "gate variant", "ms, run 1 / run 2",
-                   "dense under Inductor (ms)"], rows) + [""]
+    lines = [f"How the file's runs were made: {data['procedure']}.", ""] if data.get("procedure") else []
+    return lines + _table(["process", "shape", "N", "target ratio", "gate variant", "ms, run 1 / run 2",
+                           "dense under Inductor (ms)"], rows) + [""]
 
 
 def render_memory(data: dict) -> list[str]:

@@ -24,7 +24,9 @@ def test_dry_run_tags_rows_and_keeps_out(tmp_path, monkeypatch):
     out = tmp_path / "calls.json"
     assert gate_calls.main(["--cpu-dry-run", "--repeats", "1", "--variants", "default,flags_4rows_1024",
                             "--out", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert "default, flags_4rows_1024" in data["procedure"]
     assert {r["gate_variant"] for r in rows} == {"default", "flags_4rows_1024"}
     assert {r["repeat"] for r in rows} == {1}
     assert {r["mode"] for r in rows if r["gate_variant"] == "default"} == {"specfold", "dense_compiled"}
