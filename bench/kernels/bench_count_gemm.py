@@ -15,6 +15,9 @@ Rows: {"model", "rows" (R = N * 32), "count", "variant", "us" (per layer, CUDA-g
 (relative error of the computed rows against fp32)}. Also probes whether this torch can capture CUDA-graph
 conditional nodes (``torch.cuda.CUDAGraph.begin_capture_to_if_node``).
 
+``--per-linear``: each linear of the layer timed alone (rows also carry ``"linear"``: qkv, gate_up or down),
+to tell which weights a variant wins or loses on.
+
 ``--spill-configs``: instead, the spill kernel alone (rows past the 256-row head of R = 544, each linear
 apart) at every tile config of the autotuner's candidates (a superset of what it chooses from under the
 device profile's ``packed_linear_min_block_r``), for counts from 256 (nothing spills: the launch of exiting programs) to
@@ -119,7 +122,7 @@ def spill_configs(models) -> list[dict]:
 
 
 def main() -> None:
-    args = gpu_args("bench_count_gemm", __doc__, flags=("--spill-configs",))
+    args = gpu_args("bench_count_gemm", __doc__, flags=("--spill-configs", "--per-linear"))
     if args.spill_configs:
         rows = spill_configs(args.models)
         with open(args.out, "w") as fh:
@@ -134,11 +137,15 @@ def main() -> None:
     rows = [probe]
     for name in args.models:
         shapes = layer_shapes(preset(name))
-        copies = max(2, int(600e6 // sum(m * k * 2 for m, k in shapes)) + 1)
+        # enough copies that the weights timed (a layer, or with --per-linear its smallest linear) miss L2
+        timed_bytes = min(m * k * 2 for m, k in shapes) if args.per_linear else sum(m * k * 2 for m, k in shapes)
+        copies = max(2, int(600e6 // timed_bytes) + 1)
         layers = [[torch.randn(m, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for m, k in shapes]
                   for _ in range(copies)]
         layers_kn = [[w.t().contiguous().unsqueeze(0) for w in ws] for ws in layers]
-        for R, counts in POINTS.items():
+        for R, counts, only in [(R, c, i) for R, c in POINTS.items()
+                                for i in ((0, 1, 2) if args.per_linear else (None,))]:
+            picked = [i for i in range(len(shapes)) if only is None or i == only]  # the linears timed
             xs = [torch.randn(R, k, device="cuda", dtype=torch.bfloat16) for m, k in shapes]
             count = torch.zeros((), device="cuda", dtype=torch.int64)
             offs = torch.zeros(1, device="cuda", dtype=torch.int32)
@@ -146,30 +153,30 @@ def main() -> None:
 
             def fixed_head():
                 for ws in layers:
-                    for i, (x, w) in enumerate(zip(xs, ws)):
-                        outs[i] = fold_ops.packed_linear(x, w, None, count, 0.45, "triton", 2.0)
+                    for i in picked:
+                        outs[i] = fold_ops.packed_linear(xs[i], ws[i], None, count, 0.45, "triton", 2.0)
 
             def grouped(kn: bool, cast: bool):
                 def run():
                     if cast:  # the backend's count is int64; _grouped_mm takes int32 group ends
                         offs.copy_(count.view(1))
                     for ws, wkn in zip(layers, layers_kn):
-                        for i, (x, w, wt) in enumerate(zip(xs, ws, wkn)):
-                            outs[i] = torch._grouped_mm(x, wt if kn else w.t().unsqueeze(0), offs=offs)
+                        for i in picked:
+                            outs[i] = torch._grouped_mm(xs[i], wkn[i] if kn else ws[i].t().unsqueeze(0), offs=offs)
                 return run
 
             def fewrow(tile: int):
                 def run():
                     for ws in layers:
-                        for i, (x, w) in enumerate(zip(xs, ws)):
-                            outs[i] = fewrow_gemm(x, w, None, count, tile=tile)
+                        for i in picked:
+                            outs[i] = fewrow_gemm(xs[i], ws[i], None, count, tile=tile)
                 return run
 
             def mm_rows(c):
                 def run():
                     for ws in layers:
-                        for i, (x, w) in enumerate(zip(xs, ws)):
-                            outs[i] = torch.mm(x[:c], w.t())
+                        for i in picked:
+                            outs[i] = torch.mm(xs[i][:c], ws[i].t())
                 return run
 
             for c in counts:
@@ -180,11 +187,13 @@ def main() -> None:
                             "grouped_mm_kn": grouped(True, False), "triton_fewrow": fewrow(256),
                             "triton_fewrow_64": fewrow(64)}
                 for vname, fn in variants.items():
-                    row = {"model": name, "rows": R, "count": c, "variant": vname}
+                    row = {"model": name, "rows": R, "count": c, "variant": vname,
+                           **({} if only is None else {"linear": ("qkv", "gate_up", "down")[only]})}
                     try:
                         ms = time_graph(fn)
                         errs = []
-                        for i, w in enumerate(layers[-1]):
+                        for i in picked:
+                            w = layers[-1][i]
                             want = xs[i][:c].float() @ w.float().t()
                             got = outs[i][:c].float()
                             errs.append(float((got - want).norm() / want.norm()) if torch.isfinite(got).all()
