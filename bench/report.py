@@ -140,19 +140,20 @@ def render_breakdown(data: dict) -> list[str]:
 
 
 def render_gate_calls(data: dict) -> list[str]:
-    """One line a process, shape, N and target ratio: each variant's ms by repeat, dense under Inductor."""
-    keys = sorted({(r.get("process", 1), r["model"], r["n_branches"], r.get("target_ratio"))
-                   for r in data["rows"] if r["mode"] == "specfold"}, key=lambda k: (k[0], k[2], k[3]))
+    """One line a process, shape, N and target ratio: each variant's ms by repeat, dense under Inductor. A
+    file of ``bench.gate_calls`` is one process (its rows carry no ``process``); merged files tag theirs."""
+    keys = sorted({(r.get("process"), r["model"], r["n_branches"], r.get("target_ratio"))
+                   for r in data["rows"] if r["mode"] == "specfold"}, key=lambda k: (k[0] or 1, k[2], k[3]))
     rows = []
     for process, model, n, target in keys:
         dense = _one(data, process=process, model=model, n_branches=n, mode="dense_compiled")
         for variant in dict.fromkeys(r["gate_variant"] for r in _rows(data, process=process, model=model)):
             runs = sorted(_rows(data, process=process, model=model, n_branches=n, target_ratio=target,
                                 mode="specfold", gate_variant=variant), key=lambda r: r["repeat"])
-            rows.append([str(process), SHAPES[model], str(n), f"{target:g}", f"`{variant}`",
+            rows.append([str(process or 1), SHAPES[model], str(n), f"{target:g}", f"`{variant}`",
                          " / ".join(_f(r["ms"], 3) for r in runs), _f(dense and dense["ms"], 3)])
     lines = [f"How the file's runs were made: {data['procedure']}.", ""] if data.get("procedure") else []
-    return lines + _table(["process", "shape", "N", "target ratio", "gate variant", "ms, run 1 / run 2",
+    return lines + _table(["process", "shape", "N", "target ratio", "gate variant", "ms, each run",
                            "dense under Inductor (ms)"], rows) + [""]
 
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from bench import gate_calls
+from bench import gate_calls, report
 from specfold_compile.kernels import gate
 
 
@@ -33,6 +33,9 @@ def test_dry_run_tags_rows_and_keeps_out(tmp_path, monkeypatch):
     assert {r["mode"] for r in rows if r["gate_variant"] == "flags_4rows_1024"} == {"specfold"}
     assert {r["n_branches"] for r in rows} == {17, 33}
     assert os.environ["OUT"] == str(tmp_path / "elsewhere")
+    # the benchmarks page's table of such a file (one process: its rows carry no ``process``)
+    table = [line for line in report.render_gate_calls(data) if line.startswith("| 1 | 1.5B |")]
+    assert len(table) == 8 and sum("`flags_4rows_1024`" in line for line in table) == 4
 
 
 @pytest.mark.parametrize("argv, named", [(["--variants", "default,resolve"], "--variants"),
@@ -42,3 +45,4 @@ def test_bad_arguments_are_errors(argv, named, tmp_path, capsys):
         gate_calls.main(argv + ["--cpu-dry-run", "--out", str(tmp_path / "x.json")])
     assert exc.value.code == 2 and named in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
