@@ -64,25 +64,20 @@ def main(argv=None) -> int:
     suite += ["--cpu-dry-run"] if args.cpu_dry_run else []
     procedure = (f"bench.gate_calls: per_check runs of {args.models} alternating in one process, "
                  f"{args.repeats} repeat(s) of {', '.join(args.variants)}; dense under Inductor in the first run")
-    rows, out_env = [], os.environ.get("OUT")
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            for repeat in range(1, args.repeats + 1):
-                for variant in args.variants:
-                    run_dir = Path(tmp) / f"{variant}_{repeat}"
-                    os.environ["OUT"] = str(run_dir)  # where bench.run writes this run's per_check.json
-                    with patched(variant):
-                        bench_run.main(suite + ([] if not rows else ["--no-inductor"]))
-                    run_rows = json.loads((run_dir / "per_check.json").read_text())["rows"]
-                    rows += [{**r, "gate_variant": variant, "repeat": repeat} for r in run_rows
-                             if r["mode"] in ("specfold", "dense_compiled")]
-                    # after every run, so that a run cut short keeps the rows measured so far
-                    write_json(Path(args.out), rows, {"suite": "gate_calls", "procedure": procedure})
-    finally:
-        if out_env is None:
-            os.environ.pop("OUT", None)
-        else:
-            os.environ["OUT"] = out_env
+    rows = []
+    # OUT (where bench.run writes each run's per_check.json) is the caller's again afterwards
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.dict(os.environ):
+        for repeat in range(1, args.repeats + 1):
+            for variant in args.variants:
+                run_dir = Path(tmp) / f"{variant}_{repeat}"
+                os.environ["OUT"] = str(run_dir)
+                with patched(variant):
+                    bench_run.main(suite + ([] if not rows else ["--no-inductor"]))
+                run_rows = json.loads((run_dir / "per_check.json").read_text())["rows"]
+                rows += [{**r, "gate_variant": variant, "repeat": repeat} for r in run_rows
+                         if r["mode"] in ("specfold", "dense_compiled")]
+                # after every run, so that a run cut short keeps the rows measured so far
+                write_json(Path(args.out), rows, {"suite": "gate_calls", "procedure": procedure})
     for r in rows:
         print(r["model"], r["n_branches"], r["mode"], r["gate_variant"], r["repeat"], f"{r['ms']:.4f} ms")
     return 0
