@@ -18,6 +18,11 @@ conditional nodes (``torch.cuda.CUDAGraph.begin_capture_to_if_node``).
 ``--per-linear``: each linear of the layer timed alone (rows also carry ``"linear"``: qkv, gate_up or down),
 to tell which weights a variant wins or loses on.
 
+``--split-k``: instead, the head's GEMM (cuBLAS on 128, 256 or 512 rows; ``o`` on 256 and 544, every row as the
+backend runs it) as ``splits`` GEMMs over equal slices of K in one strided batched call, partial sums in fp32 or
+bf16, then summed (``split_k_mm``): whether more thread blocks for a narrow output beat one GEMM. Rows:
+{"model", "linear", "rows", "variant" ("mm" or "splitkS_fp32" / "splitkS_bf16"), "us", "err"}.
+
 ``--spill-configs``: instead, the spill kernel alone (rows past the 256-row head of R = 544, each linear
 apart) at every tile config of the autotuner's candidates (a superset of what it chooses from under the
 device profile's ``packed_linear_min_block_r``), for counts from 256 (nothing spills: the launch of exiting programs) to
@@ -121,10 +126,56 @@ def spill_configs(models) -> list[dict]:
     return rows
 
 
+def split_k_mm(x: torch.Tensor, w: torch.Tensor, splits: int, partials: torch.dtype) -> torch.Tensor:
+    """x @ w^T as ``splits`` GEMMs over equal slices of K (one strided batched call, no copies), the partial
+    sums kept in ``partials`` and added in fp32; returns x's dtype. K must divide into the splits."""
+    rows, k = x.shape
+    m = w.shape[0]
+    xs = x.view(rows, splits, k // splits).transpose(0, 1)  # [S, rows, K/S], row stride K
+    ws = w.view(m, splits, k // splits).permute(1, 2, 0)  # [S, K/S, m], the weight's own memory
+    part = torch.bmm(xs, ws) if partials == x.dtype else torch.bmm(xs, ws, out_dtype=partials)
+    return part.sum(0, dtype=torch.float32).to(x.dtype)
+
+
+def split_k(models) -> list[dict]:
+    """The head's GEMM whole against split over K (see the docstring), each linear alone, weights cold."""
+    rows = []
+    for name in models:
+        shapes = weight_shapes(preset(name))
+        for lname in ("down", "o", "qkv", "gate_up"):
+            m, k = shapes[lname]
+            weights = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+                       for _ in range(max(2, int(600e6 // (m * k * 2)) + 1))]
+            for n_rows in ((256, 544) if lname == "o" else (128, 256, 512)):
+                x = torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16)
+                want = x.float() @ weights[-1].float().t()
+                outs = {}
+                variants = {"mm": lambda: [outs.__setitem__("y", torch.mm(x, w.t())) for w in weights]}
+                for splits in (2, 3, 4, 5, 6, 8):
+                    if k % splits or (k // splits) % 8:  # 16-byte aligned slices
+                        continue
+                    for pname, partials in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+                        variants[f"splitk{splits}_{pname}"] = lambda s=splits, p=partials: [
+                            outs.__setitem__("y", split_k_mm(x, w, s, p)) for w in weights]
+                for vname, fn in variants.items():
+                    row = {"model": name, "linear": lname, "rows": n_rows, "variant": vname}
+                    try:
+                        ms = time_graph(fn)
+                        err = float((outs["y"].float() - want).norm() / want.norm())
+                        row.update(us=round(1e3 * ms / len(weights), 2), err=err)
+                    except Exception as exc:  # a probe: report and go on
+                        row["error"] = repr(exc)[:200]
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+            del weights
+            torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
-    args = gpu_args("bench_count_gemm", __doc__, flags=("--spill-configs", "--per-linear"))
-    if args.spill_configs:
-        rows = spill_configs(args.models)
+    args = gpu_args("bench_count_gemm", __doc__, flags=("--spill-configs", "--per-linear", "--split-k"))
+    if args.spill_configs or args.split_k:
+        rows = spill_configs(args.models) if args.spill_configs else split_k(args.models)
         with open(args.out, "w") as fh:
             json.dump(rows, fh, indent=1)
         return
