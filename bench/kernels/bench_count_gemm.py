@@ -66,6 +66,26 @@ def time_graph(fn, replays: int = 20) -> float:
     return replay_median_ms(graph, replays)
 
 
+def cold_copies(m: int, k: int, total_bytes: float) -> list[torch.Tensor]:
+    """Random bf16 [m, k] weights (scaled by 1/sqrt(k)), enough copies (at least 2) that a pass over them reads
+    more than ``total_bytes`` and so finds none in L2."""
+    return [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+            for _ in range(max(2, int(total_bytes // (m * k * 2)) + 1))]
+
+
+def timed_row(row: dict, fn, err, passes: int) -> dict:
+    """``row`` with ``us`` (a CUDA-graph replay of ``fn`` over ``passes`` weight copies, per copy) and ``err``
+    (``err()`` after it), or ``error`` where it fails (a config that does not fit, an op this torch lacks);
+    printed as it comes."""
+    try:
+        ms = time_graph(fn)
+        row.update(us=round(1e3 * ms / passes, 2), err=err())
+    except Exception as exc:  # a probe: report and go on
+        row["error"] = repr(exc)[:300]
+    print(json.dumps(row), flush=True)
+    return row
+
+
 SPILL_COUNTS = (256, 300, 328, 400, 544)  # R = 544, head 256: nothing, 44, 72 (the tuning load), 144, 288 rows
 
 
@@ -83,8 +103,7 @@ def spill_configs(models) -> list[dict]:
     R, head, rows = 544, 256, []
     for name in models:
         for lname, (m, k) in zip(("qkv", "gate_up", "down"), layer_shapes(preset(name))):
-            weights = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
-                       for _ in range(max(2, int(400e6 // (m * k * 2)) + 1))]
+            weights = cold_copies(m, k, 400e6)
             x = torch.randn(R, k, device="cuda", dtype=torch.bfloat16)
             y = torch.empty(R, m, device="cuda", dtype=torch.bfloat16)
             count = torch.zeros((), device="cuda", dtype=torch.int64)
@@ -108,16 +127,12 @@ def spill_configs(models) -> list[dict]:
                                 EVEN_K=k % meta["BLOCK_K"] == 0, **meta, num_warps=cfg.num_warps,
                                 num_stages=cfg.num_stages)
 
-                    row = {"model": name, "linear": lname, "count": c, "config": cname}
-                    try:
-                        ms = time_graph(run)
+                    def err(c=c):
                         want = x[head:c].float() @ weights[-1].float().t()
-                        err = float((y[head:c].float() - want).norm() / want.norm()) if c > head else 0.0
-                        row.update(us=round(1e3 * ms / len(weights), 2), err=err)
-                    except Exception as exc:  # a config that does not fit: report and go on
-                        row["error"] = repr(exc)[:200]
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+                        return float((y[head:c].float() - want).norm() / want.norm()) if c > head else 0.0
+
+                    rows.append(timed_row({"model": name, "linear": lname, "count": c, "config": cname}, run, err,
+                                          len(weights)))
             if pl.use_autotune():
                 picked = {str(k): str(v) for k, v in pl._tuned_kernel(min_block_r).cache.items()}
                 rows.append({"model": name, "linear": lname, "min_block_r": min_block_r,
@@ -144,8 +159,7 @@ def split_k(models) -> list[dict]:
         shapes = weight_shapes(preset(name))
         for lname in ("down", "o", "qkv", "gate_up"):
             m, k = shapes[lname]
-            weights = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
-                       for _ in range(max(2, int(600e6 // (m * k * 2)) + 1))]
+            weights = cold_copies(m, k, 600e6)
             for n_rows in ((256, 544) if lname == "o" else (128, 256, 512)):
                 x = torch.randn(n_rows, k, device="cuda", dtype=torch.bfloat16)
                 want = x.float() @ weights[-1].float().t()
@@ -158,15 +172,8 @@ def split_k(models) -> list[dict]:
                         variants[f"splitk{splits}_{pname}"] = lambda s=splits, p=partials: [
                             outs.__setitem__("y", split_k_mm(x, w, s, p)) for w in weights]
                 for vname, fn in variants.items():
-                    row = {"model": name, "linear": lname, "rows": n_rows, "variant": vname}
-                    try:
-                        ms = time_graph(fn)
-                        err = float((outs["y"].float() - want).norm() / want.norm())
-                        row.update(us=round(1e3 * ms / len(weights), 2), err=err)
-                    except Exception as exc:  # a probe: report and go on
-                        row["error"] = repr(exc)[:200]
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+                    rows.append(timed_row({"model": name, "linear": lname, "rows": n_rows, "variant": vname}, fn,
+                                          lambda: float((outs["y"].float() - want).norm() / want.norm()), len(weights)))
             del weights
             torch.cuda.empty_cache()
     return rows
@@ -237,23 +244,20 @@ def main() -> None:
                             "grouped_mm": grouped(False, False), "grouped_mm_cast": grouped(False, True),
                             "grouped_mm_kn": grouped(True, False), "triton_fewrow": fewrow(256),
                             "triton_fewrow_64": fewrow(64)}
+
+                def err(c=c):
+                    errs = []
+                    for i in picked:
+                        want = xs[i][:c].float() @ layers[-1][i].float().t()
+                        got = outs[i][:c].float()
+                        errs.append(float((got - want).norm() / want.norm()) if torch.isfinite(got).all()
+                                    else float("inf"))
+                    return max(errs)
+
                 for vname, fn in variants.items():
                     row = {"model": name, "rows": R, "count": c, "variant": vname,
                            **({} if only is None else {"linear": ("qkv", "gate_up", "down")[only]})}
-                    try:
-                        ms = time_graph(fn)
-                        errs = []
-                        for i in picked:
-                            w = layers[-1][i]
-                            want = xs[i][:c].float() @ w.float().t()
-                            got = outs[i][:c].float()
-                            errs.append(float((got - want).norm() / want.norm()) if torch.isfinite(got).all()
-                                        else float("inf"))
-                        row.update(us=round(1e3 * ms / len(layers), 2), err=max(errs))
-                    except Exception as exc:  # a probe: report and go on
-                        row["error"] = repr(exc)[:300]
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+                    rows.append(timed_row(row, fn, err, len(layers)))
         del layers, layers_kn
         torch.cuda.empty_cache()
     with open(args.out, "w") as fh:
