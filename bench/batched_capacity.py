@@ -1,12 +1,12 @@
-"""bench.batched's SpecFold graph capacities: the ``--fold-capacity``, ``--min-packed`` and
-``--capacity-spread`` arguments (``serving.graphs.BatchGraphs``' ``fold_capacity``, ``min_packed`` and
-``capacity_spread``), and each ``--fold-capacity`` value's shares."""
+"""bench.batched's SpecFold graph capacities: the ``--fold-capacity``, ``--min-packed``,
+``--capacity-spread`` and ``--gate-kernel`` arguments (``serving.graphs.BatchGraphs``' ``fold_capacity``,
+``min_packed``, ``capacity_spread`` and ``gate_kernel``), and each ``--fold-capacity`` value's shares."""
 
 from __future__ import annotations
 
 
 def add_capacity_arguments(ap) -> None:
-    """The three arguments, on ``bench.batched``'s parser."""
+    """The four arguments, on ``bench.batched``'s parser."""
     ap.add_argument("--fold-capacity", default="0.5",
                     help="replay with --cuda-graphs on, SpecFold: the share of draft positions a graph's gate packs, "
                          "comma-separated values each a number in (0, 1] or 'record' / 'record:MARGIN' (a share a "
@@ -18,6 +18,9 @@ def add_capacity_arguments(ap) -> None:
     ap.add_argument("--capacity-spread", type=float, default=None,
                     help="replay with --cuda-graphs on, SpecFold: a graph packs its gates' shares times 1 + SPREAD / "
                          "sqrt(draft rows) (default: serving.graphs.CAPACITY_SPREAD)")
+    ap.add_argument("--gate-kernel", choices=("auto", "off"), default="auto",
+                    help="replay with --cuda-graphs on, SpecFold: how the gates resolve and pack; auto: the Triton "
+                         "kernel wherever Triton runs, off: tensor ops (BatchGraphs(gate_kernel=False))")
 
 
 def parse_capacity_arguments(ap, args) -> None:

@@ -8,6 +8,8 @@
 * ``specfold::ragged_attention`` is the serving engine's batched form of it: the concatenated rows of
   several requests, each request's rows against its own prefix in the ``KVPool`` (slot and length per
   request, device tensors), in one launch, two for a split prefix (``kernels/ragged_attention.py``).
+* ``resolve_folds_packed`` is the fold gate's origin resolution and packing of a given mask, one Triton
+  launch, for the serving engine's replayed gates (``serving/capacity_gates.py``).
 
 All are ``torch.library.custom_op`` with fake implementations, so a rewritten graph can be traced again.
 
@@ -66,6 +68,21 @@ def _branch_attention_fake(q, k, v, k_pre, v_pre, scale, prefix_len=None):
     return torch.empty_like(q)
 
 
+def triton_runs(device: torch.device) -> bool:
+    """Whether the Triton kernels run on tensors of ``device``: a CUDA device, or the interpreter
+    (TRITON_INTERPRET=1) on the CPU."""
+    return kernels.triton_available() and (device.type == "cuda" or kernels.interpreting())
+
+
+def resolve_folds_packed(fold: Tensor, parents: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A fold mask (bool ``[N, B]``) resolved and packed in one Triton launch (``kernels.fold_gate_from_flags``;
+    ``triton_runs`` must hold): the mask with the rows of no valid parent cleared, the computed positions
+    first (flat, int64 ``[N * B]``, the tail zeroed), their count (0-d) and every position's slot among
+    them (its origin's), ``[N, B]``. No host read."""
+    fold, _, rows, count, slot = kernels.fold_gate_from_flags(fold, parents)
+    return fold, rows, count, slot
+
+
 @torch.library.custom_op("specfold::ragged_attention", mutates_args=())
 def ragged_attention(q: Tensor, k: Tensor, v: Tensor, k_pool: Tensor, v_pool: Tensor, bounds: Tensor,
                      slots: Tensor, lengths: Tensor, scale: float, causal: bool = False) -> Tensor:
@@ -81,7 +98,7 @@ def ragged_attention(q: Tensor, k: Tensor, v: Tensor, k_pool: Tensor, v_pool: Te
     The Triton kernel runs on CUDA (its prefix split count from the default device profile) and under
     the interpreter (TRITON_INTERPRET=1); elsewhere (the CPU) the pure-torch reference does.
     """
-    if kernels.triton_available() and (q.is_cuda or kernels.interpreting()):
+    if triton_runs(q.device):
         return kernels.ragged_attention(q, k, v, k_pool, v_pool, bounds, slots, lengths, scale, causal,
                                         tuning=H200.attention)
     return kernels.ragged_attention_ref(q, k, v, k_pool, v_pool, bounds, slots, lengths, scale, causal)

@@ -30,12 +30,12 @@ positions, times a margin ``1 + capacity_spread / sqrt(D)`` for ``D`` draft rows
 many rows strays less from its expectation than that of a few), both counts rounded up by at most an
 eighth (``fine_bucket``), and at least ``min_packed`` positions (below that a GEMM costs what reading
 its weights costs, so packing fewer saves little); every position at ``tau = 0``, which folds nothing.
-A gate resolves its origins and puts its computed positions first (``FoldChains.resolve``, no host
-read), and the first ``capacity`` of them go through the GEMMs. A gate that computes more sets the
-overflow flag, read back with the fold masks; the forward is then replayed from the graph of the next
-capacity level (every share doubled, up to every position, which cannot overflow; its inputs are the
-same and a verification forward writes nothing), so an overflow costs a replay, never a token. The
-deeper layers of a model fold less than the first ones, so a share a gate (``capacity_from_masks``,
+A gate resolves its origins and puts its computed positions first (``capacity_gates``: one Triton launch
+wherever Triton runs, no host read), and the first ``capacity`` of them go through the GEMMs. A gate that
+computes more sets the overflow flag, read back with the fold masks; the forward is then replayed from
+the graph of the next capacity level (every share doubled, up to every position, which cannot overflow;
+its inputs are the same and a verification forward writes nothing), so an overflow costs a replay,
+never a token. The deeper layers of a model fold less than the first ones, so a share a gate (``capacity_from_masks``,
 from the fold masks of earlier requests) packs fewer rows than one share for all.
 
 Block writes: one graph per padded block count; each block's K/V go into its slot at its length by one
@@ -59,7 +59,8 @@ from ..decoding.commit import confidence
 from ..decoding.cuda_graphs import REPLAYS
 from ..decoding.graph_capture import capture_call
 from ..models.layers import PositionTables
-from ..reference import FoldChains, chain_depth, check_gate, folded_layers, gate_count, packed_tables
+from ..reference import chain_depth, check_gate, folded_layers, gate_count, packed_tables
+from .capacity_gates import CapacityGates, check_gate_kernel
 from .compiled import base_model, check_compile_layers, compiled_model
 from .forward import row_bounds
 from .pool import KVPool
@@ -153,32 +154,6 @@ class _Graph:
     replay: object
 
 
-class _CapacityGates:
-    """``reference.FoldGates`` with packed batches of fixed sizes and no host read: gate ``g`` gates (or
-    takes its forced mask), folds the padding rows, resolves the origins, and returns the first
-    ``capacity[g]`` computed positions and every position's slot among them; ``overflow`` is set when a
-    gate computes more."""
-
-    def __init__(self, parents: Tensor, block: int, depth: int, tau: Tensor, capacity: tuple[int, ...],
-                 pad_rows: Tensor, forced: Tensor | None):
-        self.chains = FoldChains(parents, block, depth)
-        self.tau, self.capacity, self.pad_rows, self.forced = tau, capacity, pad_rows, forced
-        self.masks: list[Tensor] = []
-        self.overflow = torch.zeros((), dtype=torch.bool, device=parents.device)
-
-    def __call__(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        if self.forced is None:
-            fold = self.chains.flags(h, self.tau)
-        else:
-            fold = self.forced[len(self.masks)]
-        fold = (fold | self.pad_rows[:, None]) & self.chains.valid[:, None]
-        capacity = self.capacity[len(self.masks)]
-        self.masks.append(fold)
-        _, rows, count, slot = self.chains.resolve(fold)
-        self.overflow |= count > capacity
-        return rows[:capacity], slot.clamp(max=capacity - 1)
-
-
 class BatchGraphs:
     """The engine's batched passes as graph replays (module docstring), over their own ``KVPool`` (with a
     spare slot): ``pool``. Keep one across engines of one model (``Engine(cuda_graphs=graphs)``, each
@@ -186,11 +161,14 @@ class BatchGraphs:
     rows' positions a SpecFold gate is expected to compute, one for all or one a gate (module docstring),
     ``capacity_spread`` the margin a graph packs over it, ``min_packed`` the positions a gate packs at
     least; ``gate``: SpecFold's gates, as in ``folded.verify_batch_folded``; ``compile_layers``: the
-    layers' position-wise pieces compiled (``compiled``' module docstring), captured compiled."""
+    layers' position-wise pieces compiled (``compiled``' module docstring), captured compiled;
+    ``gate_kernel``: how the SpecFold gates resolve and pack (``capacity_gates.check_gate_kernel``: None,
+    the default, by the Triton kernel wherever Triton runs; False by tensor ops)."""
 
     def __init__(self, model, max_requests: int, max_tokens_per_request: int, replay: str = "cuda",
                  fold_capacity: float | tuple[float, ...] = 0.5, gate: str = "layer", min_packed: int = MIN_PACKED,
-                 capacity_spread: float = CAPACITY_SPREAD, compile_layers: bool | str = False):
+                 capacity_spread: float = CAPACITY_SPREAD, compile_layers: bool | str = False,
+                 gate_kernel: bool | None = None):
         if replay not in REPLAYS:
             raise ValueError(f"replay: expected one of {REPLAYS}, got {replay!r}")
         check_gate(gate)
@@ -202,6 +180,7 @@ class BatchGraphs:
             raise ValueError(f"capacity_spread: expected a number >= 0 (the margin over a gate's share is "
                              f"spread / sqrt(draft rows)), got {capacity_spread!r}")
         self.compile_layers = check_compile_layers(compile_layers)
+        self.gate_kernel = check_gate_kernel(gate_kernel, next(model.parameters()).device)
         self.model = compiled_model(model, self.compile_layers)
         self.replay, self.gate, self.min_packed = replay, gate, min_packed
         self.capacity_spread = float(capacity_spread)
@@ -322,7 +301,8 @@ class BatchGraphs:
                                         layer.scale)
 
         if folded:
-            gates = _CapacityGates(rest[0], block, depth, self._tau, capacity, rest[1].bool(), graph.masks_in)
+            gates = CapacityGates(rest[0], block, depth, self._tau, capacity, rest[1].bool(), graph.masks_in,
+                                  self.gate_kernel)
             h = folded_layers(model.layers, h, gates, lambda r: packed_tables(tables, r), attend, self.gate)
         else:
             pos = _by_row(tables, r_pad, block)

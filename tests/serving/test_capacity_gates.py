@@ -1,0 +1,83 @@
+"""The replayed SpecFold forward's gates (``serving.capacity_gates.CapacityGates``): the Triton resolve
+kernel gives what the tensor ops give (fold masks, packed rows, slots, overflow), on random batches of
+several requests with padding rows, gated or forced; and ``gate_kernel`` is checked."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specfold_compile import kernels
+from specfold_compile.serving.capacity_gates import KERNEL_TILE_MAX, CapacityGates, check_gate_kernel
+
+needs_triton = pytest.mark.skipif(not kernels.triton_available(), reason="needs triton (TRITON_INTERPRET=1 on CPU)")
+
+
+def _batch(draw_counts, pad, seed):
+    """Offset parents of requests with ``draw_counts`` rows each (a main row, then drafts on earlier rows of
+    the same request), ``pad`` padding rows folding into row 0, as ``BatchGraphs.verify`` lays them out."""
+    g = torch.Generator().manual_seed(seed)
+    parents, start = [], 0
+    for count in draw_counts:
+        parents.append(-1)
+        parents += [start + int(torch.randint(0, n, (), generator=g)) for n in range(1, count)]
+        start += count
+    parents += [0] * pad
+    pad_rows = torch.tensor([False] * start + [True] * pad)
+    return torch.tensor(parents), pad_rows
+
+
+def _gate_both(parents, pad_rows, block, h, tau, capacity, forced):
+    out = []
+    for resolve_kernel in (False, True):
+        gates = CapacityGates(parents, block, len(parents) - 1, torch.tensor(tau), capacity, pad_rows, forced,
+                              resolve_kernel)
+        steps = [gates(x) for x in h]
+        out.append((steps, gates.masks, bool(gates.overflow)))
+    return out
+
+
+@needs_triton
+@settings(max_examples=25, deadline=None)
+@given(counts=st.lists(st.integers(1, 5), min_size=1, max_size=4), pad=st.integers(0, 3),
+       block=st.sampled_from([2, 4, 8]), tau=st.floats(0.0, 1.5), forced=st.booleans(),
+       share=st.floats(0.1, 1.0), seed=st.integers(0, 2**31 - 1))
+def test_resolve_kernel_matches_tensor_ops(counts, pad, block, tau, forced, share, seed):
+    parents, pad_rows = _batch(counts, pad, seed)
+    rows, gates = len(parents), 3
+    g = torch.Generator().manual_seed(seed + 1)
+    # residual streams where drafts lie near their parents, so that some positions fold and some do not
+    h = torch.randn(gates, rows, block, 16, generator=g)
+    safe = parents.clamp(min=0)
+    h = torch.where((parents >= 0)[None, :, None, None], h[:, safe] + 0.3 * torch.randn(h.shape, generator=g), h)
+    masks = torch.rand(gates, rows, block, generator=g) < 0.5 if forced else None
+    capacity = tuple(max(1, int(share * rows * block) - k) for k in range(gates))
+    (ref_steps, ref_masks, ref_overflow), (steps, masks_k, overflow) = _gate_both(
+        parents, pad_rows, block, h, tau, capacity, masks)
+    for (ref_rows, ref_slot), (k_rows, k_slot), a, b in zip(ref_steps, steps, ref_masks, masks_k):
+        assert torch.equal(a, b)
+        assert not a[0].any() and a[pad_rows].all()  # a main row never folds, padding always does
+        assert torch.equal(ref_rows, k_rows) and torch.equal(ref_slot, k_slot)
+    assert ref_overflow == overflow
+
+
+def test_check_gate_kernel():
+    cpu = torch.device("cpu")
+    assert check_gate_kernel(False, cpu) is False
+    assert check_gate_kernel(None, cpu) == (kernels.triton_available() and kernels.interpreting())
+    with pytest.raises(ValueError, match="^gate_kernel: expected None, True or False"):
+        check_gate_kernel("yes", cpu)
+    if not kernels.interpreting():
+        with pytest.raises(ValueError, match="^gate_kernel: True needs Triton"):
+            check_gate_kernel(True, cpu)
+
+
+@needs_triton
+def test_kernel_only_where_the_tile_fits_registers():
+    from specfold_compile.kernels.gate import REGISTER_TILE_MAX
+
+    assert KERNEL_TILE_MAX <= REGISTER_TILE_MAX  # never the kernel's rounds through global memory
+    tau, block = torch.tensor(0.5), 32
+    for rows, kernel in ((KERNEL_TILE_MAX // block, True), (KERNEL_TILE_MAX // block + 1, False)):
+        parents = torch.tensor([-1] + [0] * (rows - 1))
+        gates = CapacityGates(parents, block, 1, tau, (rows * block,), torch.zeros(rows, dtype=torch.bool), None, True)
+        assert gates.resolve_kernel is kernel
