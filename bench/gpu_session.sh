@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|gate|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|shipped|trace_driven|grid|boundaries|budgets|heads|cli [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|gate|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|gate_kernel|shipped|trace_driven|grid|boundaries|budgets|heads|cli [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -190,6 +190,19 @@ case "$part" in
                     done
                   done
                   python -m bench.plot "$OUT/batched.json" "$OUT"/rows"${rows}"_fast-dllm-v2-*.json ;;
+  gate_kernel)    # the engine's replayed SpecFold gates resolved by the Triton kernel (the default) against tensor
+                  # ops (--gate-kernel off), one process each, alternating twice, the default record
+                  # (.traces/batched_trace.pt, as batched_loop); 1.5-2.5 min a process at 1.5B on an H100, the
+                  # compiles included; one shape per call: BATCHED_MODELS=...
+                  for m in ${BATCHED_MODELS:-fast-dllm-v2-1.5b}; do
+                    pool=(); [ "$m" = fast-dllm-v2-7b ] && pool=(--pool-tokens 4096)
+                    for r in 1 2; do for gk in off auto; do
+                      python -m bench.batched replay --trace "${BATCHED_TRACE:-.traces/batched_trace.pt}" --device cuda \
+                        --models "$m" --attention ragged --cuda-graphs on --fold-capacity record --gate-kernel $gk \
+                        --modes specfold_compiled --concurrency 1,4,16,64 --repeats 3 "${pool[@]}" \
+                        --out "$OUT/gate_kernel_${m}_${gk}_$r.json" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
+                    done; done
+                  done ;;
   shipped)        # whole decodes of the shipped model, every mode in one process (~2.5 min on an H100): the Python
                   # loop with its prefill launched (generate(cuda_graphs=True) before prefills replayed), the Python
                   # and device loops, block boundaries fused; ARGS go to bench.end_to_end (e.g. --compile-writes)

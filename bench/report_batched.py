@@ -26,6 +26,8 @@ def _series_label(series: str) -> str:
             return _series_label(series.removesuffix(loop)) + ", " + loop[1:]
     if series.endswith("+no rows ahead"):  # the engine's rows_ahead off
         return _series_label(series.removesuffix("+no rows ahead")) + ", rows built after each write"
+    if series.endswith("+tensor-op gates"):  # BatchGraphs(gate_kernel=False)
+        return _series_label(series.removesuffix("+tensor-op gates")) + ", gates by tensor ops"
     mode, *paths = series.split("+")
     rows = next((p.removeprefix("rows ") for p in paths if p.startswith("rows ")), None)
     if rows is not None:  # Engine(max_verify_rows=R): drafts cut under load

@@ -9,6 +9,7 @@ import torch
 
 from bench import batched, plot, report
 from bench.batched_clock import GcClock
+from specfold_compile import kernels
 from specfold_compile.serving import SERVING_MODES
 
 FIELDS = {"model", "concurrency", "mode", "tokens_per_s", "p50_latency_ms", "p99_latency_ms", "peak_bytes",
@@ -328,6 +329,13 @@ def test_fold_capacity_record_gives_a_share_a_gate(short_trace, tmp_path):
     header = report.render_batched_headline({"rows": [half, rows[0], {**half, "fold_capacity": "record:1.5"}]})[0]
     assert "SpecFold, CUDA graphs, capacity a gate (tokens/s)" in header
     assert "SpecFold, CUDA graphs, capacity a gate x 1.5 (tokens/s)" in header
+    # the gates resolved by the Triton kernel where it runs (here the interpreter), else by tensor ops
+    assert all(r["gate_kernel"] is kernels.triton_available() for r in rows)
+    ops_gates = {**rows[0], "gate_kernel": False}
+    assert plot.serving_series(ops_gates) == "specfold+ragged+graphs+capacity record+tensor-op gates"
+    assert plot._point(ops_gates) != plot._point(rows[0])  # a merge keeps both
+    assert "SpecFold, CUDA graphs, capacity a gate, gates by tensor ops (tokens/s)" in \
+        report.render_batched_headline({"rows": [ops_gates]})[0]
 
 
 def test_fold_capacity_values_are_checked(capsys):

@@ -1,12 +1,16 @@
 """The replayed SpecFold forward's gates (``serving.capacity_gates.CapacityGates``): the Triton resolve
 kernel gives what the tensor ops give (fold masks, packed rows, slots, overflow), on random batches of
-several requests with padding rows, gated or forced; and ``gate_kernel`` is checked."""
+several requests with padding rows, gated or forced; the engine decoding alike with either; and
+``gate_kernel`` is checked."""
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specfold_compile import kernels
+from specfold_compile.serving import Engine, RequestParams
+from specfold_compile.serving.graphs import BatchGraphs
+from specfold_compile.testing import TINY_FAMILIES, tiny_model
 from specfold_compile.serving.capacity_gates import KERNEL_TILE_MAX, CapacityGates, check_gate_kernel
 
 needs_triton = pytest.mark.skipif(not kernels.triton_available(), reason="needs triton (TRITON_INTERPRET=1 on CPU)")
@@ -69,6 +73,8 @@ def test_check_gate_kernel():
     if not kernels.interpreting():
         with pytest.raises(ValueError, match="^gate_kernel: True needs Triton"):
             check_gate_kernel(True, cpu)
+    with pytest.raises(ValueError, match="^gate_kernel: expected None, True or False, got 1$"):
+        BatchGraphs(tiny_model(TINY_FAMILIES[0]), 2, 32, "eager", gate_kernel=1)
 
 
 @needs_triton
@@ -81,3 +87,33 @@ def test_kernel_only_where_the_tile_fits_registers():
         parents = torch.tensor([-1] + [0] * (rows - 1))
         gates = CapacityGates(parents, block, 1, tau, (rows * block,), torch.zeros(rows, dtype=torch.bool), None, True)
         assert gates.resolve_kernel is kernel
+
+
+def _serve(graphs, tau: float):
+    """Three requests on two slots through an engine replaying ``graphs`` eagerly: tokens, fold masks, stats."""
+    engine = Engine(graphs.model, 2, 64, mode="specfold", tau=tau, cuda_graphs=graphs)
+    gen = torch.Generator().manual_seed(5)
+    ids = [engine.add_request(torch.randint(0, 90, (n,), generator=gen),
+                              RequestParams(max_new_tokens=m, stop_at_eos=False, threshold=0.2, draft_budget=3))
+           for n, m in ((5, 3), (19, 2), (12, 5))]
+    while engine.has_work:
+        engine.step()
+    outs = [engine.output(i) for i in ids]
+    return [o.result.tokens for o in outs], [o.fold_masks for o in outs], engine.stats
+
+
+@needs_triton
+def test_engine_decodes_alike_with_either_gates():
+    """The engine replaying SpecFold's forwards (eagerly, the CPU's path) with the kernel's gates and with
+    the tensor ops' decodes the same tokens with the same fold masks, some positions folded."""
+    model = tiny_model(TINY_FAMILIES[0])
+    runs = []
+    for gate_kernel in (None, False):
+        graphs = BatchGraphs(model, 2, 64, "eager", min_packed=0, capacity_spread=0, gate_kernel=gate_kernel)
+        assert graphs.gate_kernel is (gate_kernel is None)
+        runs.append(_serve(graphs, 0.3))
+    (tokens, masks, stats), (ref_tokens, ref_masks, ref_stats) = runs
+    assert tokens == ref_tokens and stats == ref_stats
+    assert 0 < stats.folded_draft_positions < stats.gated_draft_positions
+    assert [len(m) for m in masks] == [len(m) for m in ref_masks]
+    assert all(torch.equal(a, b) for got, want in zip(masks, ref_masks) for a, b in zip(got, want))
