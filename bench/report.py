@@ -293,7 +293,10 @@ SECTIONS = [
             "(`--fold-capacity`: a share of 0.5 of the draft positions, or, 'capacity a gate', each gate's "
             "mean share of the record's computed positions, `serving.graphs.capacity_from_masks`, 'x M' that "
             "times M), times 1 + spread / sqrt(draft rows) (a row's `capacity_spread`: 4, the default, for "
-            "'capacity a gate', 0 for the others), at least 256 positions. Of the 2 timed runs a point the slower one is kept. At 7B every slot holds 4096 "
+            "'capacity a gate', 0 for the others), at least 256 positions, each gate resolving and packing by "
+            "tensor ops (the engine's `gate_kernel=False`; its default, one Triton launch a gate, is measured "
+            "on an H100 in docs/serving.md, 'CUDA graphs'; so do all the serving engine's replayed SpecFold rows on this "
+            "page). Of the 2 timed runs a point the slower one is kept. At 7B every slot holds 4096 "
             "positions (KV pool of 64 requests x 4096 tokens: 14.0 GiB). Launched, the engine is host-bound at "
             "these shapes, and repeated runs of the same point differ by up to a half (the next section's single "
             "runs of some of the same points: 7B Spiffy at 4 requests, 156 there against 339 here).",
