@@ -8,14 +8,14 @@
 * ``specfold::ragged_attention`` is the serving engine's batched form of it: the concatenated rows of
   several requests, each request's rows against its own prefix in the ``KVPool`` (slot and length per
   request, device tensors), in one launch, two for a split prefix (``kernels/ragged_attention.py``).
-* ``resolve_folds_packed`` is the fold gate's origin resolution and packing of a given mask, one Triton
-  launch, for the serving engine's replayed gates (``serving/capacity_gates.py``).
 
 All are ``torch.library.custom_op`` with fake implementations, so a rewritten graph can be traced again.
 
 The package is the floor the backend and the models stand on: ``fold_ops`` (the ops a folded graph
-calls), ``stats`` (``collect_stats``), ``device_profile`` (the cost model's per-device numbers). It
-imports only ``kernels``.
+calls), ``stats`` (``collect_stats``), ``device_profile`` (the cost model's per-device numbers), and
+``resolve_folds_packed``, a plain function: the fold gate's origin resolution and packing of a given mask
+in one Triton launch, for the serving engine's replayed gates (``serving/capacity_gates.py``). It imports
+only ``kernels``.
 """
 
 from __future__ import annotations

@@ -35,8 +35,9 @@ wherever Triton runs, no host read), and the first ``capacity`` of them go throu
 computes more sets the overflow flag, read back with the fold masks; the forward is then replayed from
 the graph of the next capacity level (every share doubled, up to every position, which cannot overflow;
 its inputs are the same and a verification forward writes nothing), so an overflow costs a replay,
-never a token. The deeper layers of a model fold less than the first ones, so a share a gate (``capacity_from_masks``,
-from the fold masks of earlier requests) packs fewer rows than one share for all.
+never a token. The deeper layers of a model fold less than the first ones, so a share a gate
+(``capacity_from_masks``, from the fold masks of earlier requests) packs fewer rows than one share for
+all.
 
 Block writes: one graph per padded block count; each block's K/V go into its slot at its length by one
 indexed copy a layer (the padding's into the pool's spare slot), and the graph gives each block's next
