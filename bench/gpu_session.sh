@@ -193,7 +193,10 @@ case "$part" in
   gate_kernel)    # the engine's replayed SpecFold gates resolved by the Triton kernel (the default) against tensor
                   # ops (--gate-kernel off), one process each, alternating twice, the default record
                   # (.traces/batched_trace.pt, as batched_loop); 1.5-2.5 min a process at 1.5B on an H100, the
-                  # compiles included; one shape per call: BATCHED_MODELS=...
+                  # compiles included; one shape per call: BATCHED_MODELS=...; first one gate alone by rows,
+                  # both paths, and its flags (bench_gate --serving, both shapes)
+                  python -m bench.kernels.bench_gate --serving --out "$OUT/bench_gate_serving.json" 2>&1 \
+                    | grep "^model=" | tee -a "$OUT/log.txt"
                   for m in ${BATCHED_MODELS:-fast-dllm-v2-1.5b}; do
                     pool=(); [ "$m" = fast-dllm-v2-7b ] && pool=(--pool-tokens 4096)
                     for r in 1 2; do for gk in off auto; do

@@ -5,7 +5,16 @@ through global memory), and the flag launch alone (``flags_ms``).
 
 ``--flag-sweep``: the flag launch at every (BLOCK_ROWS, BLOCK_C, num_warps) of a grid against the default
 (``gate.flag_config``), each checked against the reference's fold mask; prints one ``flag_sweep`` line
-per point with the best config."""
+per point with the best config.
+
+``--serving``: one gate of the serving engine's replayed SpecFold forward (``serving.capacity_gates``) over
+the rows of several requests of N branches each (``--ns``, default 17), 1 to 64 requests (``--requests``)
+padded as the engine pads them. The whole gate (its tensor-op flags, the padding folded, the resolution
+and packing, the overflow flag and the slots' clamp) with the resolve kernel (``kernel_ms``, at every
+size: ``engine_takes_kernel`` says whether the engine would take it) and with tensor ops
+(``tensor_ops_ms``); the flags alone (``flags_ms``) and the kernel's flag launch on the same rows
+(``flags_kernel_ms``): what a gate costs a forward, by rows, and what is left to fuse. The two paths'
+outputs are checked equal (``mismatches``)."""
 from __future__ import annotations
 
 from bench.kernels import _common as C  # first: sets TRITON_INTERPRET on CPU before the kernels import
@@ -65,11 +74,58 @@ def flag_sweep(args, models, block, ns) -> list[dict]:
     return rows
 
 
+def serving_gates(args, models, block, ns) -> list[dict]:
+    """``--serving``: CapacityGates over padded batches of requests, both resolve paths (module docstring)."""
+    from specfold_compile.serving import capacity_gates
+    from specfold_compile.serving.capacity_gates import CapacityGates
+    from specfold_compile.serving.graphs import row_bucket
+
+    dev, gen, rows = C.device(), torch.Generator().manual_seed(0), []
+    tau = torch.tensor(0.1, device=dev)
+    n = ns[0] if args.ns else (2 if args.quick else 17)
+    for mname, m in models.items():
+        for q in ([1, 2] if args.quick else [int(x) for x in args.requests.split(",")]):
+            streams = [make_problem(n, block, m["hidden"], 0.1, dev, torch.bfloat16, gen) for _ in range(q)]
+            r_pad = row_bucket(q * n)
+            h = torch.cat([s[0] for s in streams] + [streams[0][0][:1].expand(r_pad - q * n, -1, -1)])
+            parents = torch.cat([torch.where(s[1] >= 0, s[1] + i * n, -1) for i, s in enumerate(streams)]
+                                + [torch.zeros(r_pad - q * n, dtype=torch.long, device=dev)])
+            pad_rows = torch.arange(r_pad, device=dev) >= q * n
+            capacity = (r_pad * block,)
+            with mock.patch.object(capacity_gates, "KERNEL_TILE_MAX", 1 << 40):  # the kernel past its bound too
+                gates = {path: CapacityGates(parents, block, n - 1, tau, capacity, pad_rows, None, path == "kernel")
+                         for path in ("kernel", "tensor_ops")}
+
+            def call(path):
+                gates[path].masks.clear()  # one gate, again: every call takes the first capacity
+                return gates[path](h)
+
+            outs = {path: call(path) + (gates[path].masks[0],) for path in gates}
+            mism = sum(int((a != b).sum()) for a, b in zip(outs["kernel"], outs["tensor_ops"]))
+            rows.append(dict(model=mname, requests=q, N=n, rows=r_pad, B=block, C=m["hidden"],
+                             engine_takes_kernel=r_pad * block <= capacity_gates.KERNEL_TILE_MAX, mismatches=mism,
+                             kernel_ms=C.bench(lambda: call("kernel"), args.quick),
+                             tensor_ops_ms=C.bench(lambda: call("tensor_ops"), args.quick),
+                             flags_ms=C.bench(lambda: gates["kernel"].chains.flags(h, tau), args.quick),
+                             flags_kernel_ms=C.bench(lambda: gate._fold_flags(h, parents, tau), args.quick)))
+    return rows
+
+
+def _extra(ap):
+    ap.add_argument("--flag-sweep", action="store_true")
+    ap.add_argument("--serving", action="store_true")
+    ap.add_argument("--requests", default="1,4,8,15,16,30,64",
+                    help="--serving: requests a batch, comma-separated (15 requests of 17 rows: 255, under the "
+                         "kernel's bound; 16: 272, padded to 384, over it)")
+
+
 def main(argv=None):
-    args = C.parse_args(argv, __doc__, extra=lambda ap: ap.add_argument("--flag-sweep", action="store_true"))
+    args = C.parse_args(argv, __doc__, extra=_extra)
     models, block, _, ns = C.configs(args)
     if args.flag_sweep:
         return C.emit("fold_flags_sweep", flag_sweep(args, models, block, ns), args)
+    if args.serving:
+        return C.emit("serving_gates", serving_gates(args, models, block, ns), args)
     dev = C.device()
     dt = torch.bfloat16
     gen = torch.Generator().manual_seed(0)

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("script, extra", [
     ("check_all.py", []), ("bench_attention.py", []), ("bench_attention.py", ["--sweep"]),
     ("bench_swiglu.py", []), ("bench_swiglu.py", ["--sweep"]), ("bench_gate.py", []), ("bench_gate.py", ["--flag-sweep"]),
+    ("bench_gate.py", ["--serving"]),
     ("bench_packed_linear.py", []),
     ("bench_ragged_attention.py", []),
 ])
