@@ -13,11 +13,11 @@ a cumulative sum). Both give the same outputs for the same mask; the kernel is o
 graph where the tensor ops are about twenty, each a launch of its own. ``resolve_kernel=False`` takes the
 tensor ops (``BatchGraphs(gate_kernel=False)``: to bisect a wrong result between the two).
 
-The kernel resolves a batch in one program, so its time grows with the batch while the tensor ops' stays
-near their launches' until the batch is large: it takes batches of up to ``KERNEL_TILE_MAX`` positions
-(256 rows of 32), the tensor ops larger ones (many requests at once). On an H100 at the 1.5B shape, the
-kernel served 1 and 4 requests at once 1.2x faster and 16 (forwards of at most 256 rows) 1.01-1.04x;
-taking forwards of up to 512 rows too, it served 64 requests 7-10% slower (docs/serving.md, "CUDA graphs").
+The kernel resolves a batch in one program, so its time grows with the batch: it takes batches of up to
+``KERNEL_TILE_MAX`` positions (256 rows of 32), the tensor ops larger ones (many requests at once). On an
+H100 at the 1.5B shape, the kernel served 1 and 4 requests at once 1.2x faster and 16 (forwards of at most
+256 rows) 1.01-1.04x; taking forwards of up to 512 rows too, it served 64 requests 7-10% slower
+(docs/serving.md, "CUDA graphs").
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from specfold_compile import kernels
 from specfold_compile.serving import Engine, RequestParams
+from specfold_compile.serving.capacity_gates import KERNEL_TILE_MAX, CapacityGates, check_gate_kernel
 from specfold_compile.serving.graphs import BatchGraphs
 from specfold_compile.testing import TINY_FAMILIES, tiny_model
-from specfold_compile.serving.capacity_gates import KERNEL_TILE_MAX, CapacityGates, check_gate_kernel
 
 needs_triton = pytest.mark.skipif(not kernels.triton_available(), reason="needs triton (TRITON_INTERPRET=1 on CPU)")
 
