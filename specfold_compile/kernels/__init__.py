@@ -17,7 +17,7 @@ from .attention_ref import (
     merge_states,
     prefix_attention_ref,
 )
-from .gate_ref import fold_flags_ref, fold_gate_ref, resolve_folds_ref
+from .gate_ref import fold_flags_ref, fold_gate_from_flags_ref, fold_gate_ref, resolve_folds_ref
 from .packed_linear_ref import packed_linear_ref
 from .ragged_attention_ref import ragged_attention_ref
 from .swiglu_ref import silu_mul_ref
@@ -86,6 +86,7 @@ def triton_available() -> bool:
 __all__ = [
     "triton_available", "interpreting", "refuse_broken_bf16", "AttentionTuning",
     "fold_gate", "fold_gate_from_flags", "resolve_folds", "fold_gate_ref", "fold_flags_ref", "resolve_folds_ref",
+    "fold_gate_from_flags_ref",
     "prefix_attention", "prefix_attention_states", "block_attention", "branch_attention", "one_pass_attention",
     "slot_attention",
     "prefix_attention_ref", "block_attention_ref", "branch_attention_ref", "merge_states", "merge_split_states",

@@ -60,9 +60,10 @@ def _fold_flag_kernel(
 @triton.jit
 def _resolve_kernel(
     fold_ptr, parents_ptr, origin_ptr, rows_ptr, count_ptr, slot_ptr, fold_out_ptr, invalid_ptr,
+    fold_rows_ptr, overflow_ptr, capacity,
     N, B,
     BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, JUMPS: tl.constexpr, WRITE_FOLD: tl.constexpr,
-    WRITE_INVALID: tl.constexpr, IN_REGISTERS: tl.constexpr,
+    WRITE_INVALID: tl.constexpr, IN_REGISTERS: tl.constexpr, FOLD_ROWS: tl.constexpr, CAPACITY: tl.constexpr,
 ):
     rn = tl.arange(0, BLOCK_N)
     rb = tl.arange(0, BLOCK_B)
@@ -76,6 +77,8 @@ def _resolve_kernel(
         tl.store(invalid_ptr, 1, mask=tl.sum(bad.to(tl.int32), axis=0) > 0)
     par = tl.where(parent_ok, par, 0).to(tl.int32)
     fold = tl.load(fold_ptr + flat, mask=valid, other=0) != 0
+    if FOLD_ROWS:  # rows folded whole whatever their flags (a replayed batch's padding)
+        fold = fold | (tl.load(fold_rows_ptr + rn, mask=rn < N, other=0) != 0)[:, None]
     fold = fold & parent_ok[:, None]
     if WRITE_FOLD:  # the gate's own copy of a mask computed elsewhere (row 0 never folds)
         tl.store(fold_out_ptr + flat, fold.to(tl.int8), mask=valid)
@@ -97,6 +100,8 @@ def _resolve_kernel(
         for _ in tl.static_range(JUMPS):
             link = tl.gather(link, link, 0)
         slot = tl.gather(pos, link, 0)
+        if CAPACITY:
+            slot = tl.minimum(slot, capacity - 1)
         tl.store(origin_ptr + flat, (link * B + rb[None, :]).to(tl.int64), mask=valid)
         tl.store(slot_ptr + flat, slot.to(tl.int64), mask=valid)
     else:  # each round through origin_ptr; the barriers order one round's stores before the next's loads
@@ -111,12 +116,16 @@ def _resolve_kernel(
         tl.store(slot_ptr + flat, pos.to(tl.int64), mask=computed)
         tl.debug_barrier()
         slot = tl.load(slot_ptr + link, mask=valid, other=0, cache_modifier=".cg")
+        if CAPACITY:
+            slot = tl.minimum(slot, capacity - 1)
         tl.debug_barrier()
         tl.store(slot_ptr + flat, slot, mask=valid)
     # compaction: scatter computed flat indices to their positions; zero the tail [count, N*B)
     tl.store(rows_ptr + pos, flat.to(tl.int64), mask=computed)
     tl.store(rows_ptr + flat, tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.int64), mask=valid & (flat >= count))
     tl.store(count_ptr, count.to(tl.int64))
+    if CAPACITY:  # set, never cleared: several gates may share one flag
+        tl.store(overflow_ptr, 1, mask=count > capacity)
 
 
 def flag_config(C: int) -> tuple[int, int, int]:
@@ -155,11 +164,21 @@ def resolve_folds(fold: torch.Tensor, parents: torch.Tensor, invalid_flag: torch
     return _resolve(fold, parents, write_fold=False, invalid_flag=invalid_flag)[1:]
 
 
-def fold_gate_from_flags(fold: torch.Tensor, parents: torch.Tensor, invalid_flag: torch.Tensor | None = None):
+def fold_gate_from_flags(fold: torch.Tensor, parents: torch.Tensor, invalid_flag: torch.Tensor | None = None, *,
+                         fold_rows: torch.Tensor | None = None, capacity: int | None = None,
+                         overflow_flag: torch.Tensor | None = None):
     """The gate for fold flags computed elsewhere (e.g. fused by Inductor into the layer's input norm):
     one launch, which also writes the gate's own fold mask (row 0 and rows with an invalid parent
-    cleared). Same 5 outputs as ``fold_gate``."""
-    return _resolve(fold, parents, write_fold=True, invalid_flag=invalid_flag)
+    cleared). Same 5 outputs as ``fold_gate``.
+
+    For a packed batch of fixed size (the serving engine's replayed gates), in the same launch:
+    ``fold_rows`` (bool ``[N]``) folds those rows whole whatever their flags (where their parent is
+    valid); ``capacity`` (an int >= 1, with ``overflow_flag``, a bool tensor of one element) clamps every
+    slot to ``capacity - 1`` and sets the flag when more than ``capacity`` positions are computed (never
+    clears it). ``origin``, ``rows`` and ``count`` are unchanged by it. ``gate_ref.fold_gate_from_flags_ref``
+    is the reference."""
+    return _resolve(fold, parents, write_fold=True, invalid_flag=invalid_flag, fold_rows=fold_rows,
+                    capacity=capacity, overflow_flag=overflow_flag)
 
 
 def _check_invalid_flag(invalid_flag, device) -> None:
@@ -170,7 +189,25 @@ def _check_invalid_flag(invalid_flag, device) -> None:
                                                      f"{invalid_flag.device}")
 
 
-def _resolve(fold: torch.Tensor, parents: torch.Tensor, write_fold: bool, invalid_flag: torch.Tensor | None):
+def _check_capacity(N: int, dev, fold_rows, capacity, overflow_flag) -> None:
+    _common.expect(fold_rows is None or (fold_rows.shape == (N,) and fold_rows.dtype == torch.bool
+                                         and fold_rows.device == dev),
+                   "fold_rows", f"None or a bool tensor [{N}] on {dev}",
+                   None if fold_rows is None else f"{fold_rows.dtype} {tuple(fold_rows.shape)} on {fold_rows.device}")
+    _common.expect(capacity is None or (isinstance(capacity, int) and not isinstance(capacity, bool) and capacity >= 1),
+                   "capacity", "None or an int >= 1", repr(capacity))
+    _common.expect((capacity is None) == (overflow_flag is None), "overflow_flag",
+                   "a tensor exactly when capacity is given", f"{type(overflow_flag).__name__} with capacity={capacity!r}")
+    _common.expect(overflow_flag is None or (overflow_flag.numel() == 1 and overflow_flag.dtype == torch.bool
+                                             and overflow_flag.device == dev and overflow_flag.is_contiguous()),
+                   "overflow_flag", f"None or a bool tensor of one element on {dev}",
+                   None if overflow_flag is None else f"{overflow_flag.dtype} {tuple(overflow_flag.shape)} on "
+                                                      f"{overflow_flag.device}")
+
+
+def _resolve(fold: torch.Tensor, parents: torch.Tensor, write_fold: bool, invalid_flag: torch.Tensor | None,
+             fold_rows: torch.Tensor | None = None, capacity: int | None = None,
+             overflow_flag: torch.Tensor | None = None):
     _common.expect(fold.dim() == 2, "fold", "[N, B]", tuple(fold.shape))
     N, B = fold.shape
     _common.expect(parents.dim() == 1 and parents.shape[0] == N, "parents", f"[{N}] (one per branch)",
@@ -178,6 +215,7 @@ def _resolve(fold: torch.Tensor, parents: torch.Tensor, write_fold: bool, invali
     parents = parents.to(device=fold.device, dtype=torch.int64)  # as fold_gate takes them
     dev = fold.device
     _check_invalid_flag(invalid_flag, dev)
+    _check_capacity(N, dev, fold_rows, capacity, overflow_flag)
     fold_i8 = fold.contiguous().view(torch.int8) if fold.dtype == torch.bool else fold.to(torch.int8).contiguous()
     origin = _common.empty((N, B), torch.int64, dev)
     slot = _common.empty((N, B), torch.int64, dev)
@@ -190,8 +228,11 @@ def _resolve(fold: torch.Tensor, parents: torch.Tensor, write_fold: bool, invali
     fold_out = _common.empty((N, B), torch.int8, dev) if write_fold else fold_i8
     _resolve_kernel[(1,)](
         fold_i8, parents, origin, rows, count, slot, fold_out, count if invalid_flag is None else invalid_flag,
+        fold_i8 if fold_rows is None else fold_rows.contiguous().view(torch.int8),
+        count if overflow_flag is None else overflow_flag.view(torch.int8), 1 if capacity is None else capacity,
         N, B, BLOCK_N=BLOCK_N, BLOCK_B=BLOCK_B, JUMPS=jumps, WRITE_FOLD=write_fold,
-        WRITE_INVALID=invalid_flag is not None, IN_REGISTERS=BLOCK_N * BLOCK_B <= REGISTER_TILE_MAX, num_warps=4,
+        WRITE_INVALID=invalid_flag is not None, IN_REGISTERS=BLOCK_N * BLOCK_B <= REGISTER_TILE_MAX,
+        FOLD_ROWS=fold_rows is not None, CAPACITY=capacity is not None, num_warps=4,
     )
     return fold_out.view(torch.bool), origin, rows, count, slot
 

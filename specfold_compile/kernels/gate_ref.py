@@ -155,3 +155,19 @@ def fold_gate_ref(h: torch.Tensor, parents: torch.Tensor, tau: torch.Tensor, inv
     fold = fold_flags_ref(h, parents, tau)
     origin, rows, count, slot = resolve_folds_ref(fold, parents, invalid_flag)
     return fold, origin, rows, count, slot
+
+
+def fold_gate_from_flags_ref(fold: torch.Tensor, parents: torch.Tensor, invalid_flag: torch.Tensor | None = None,
+                             fold_rows: torch.Tensor | None = None, capacity: int | None = None,
+                             overflow_flag: torch.Tensor | None = None):
+    """(fold_mask, origin, rows, count, slot) of ``kernels.gate.fold_gate_from_flags``: the flags with
+    ``fold_rows`` folded whole, rows 0 and those of an invalid parent cleared, resolved; with ``capacity``,
+    the slots clamped to ``capacity - 1`` and ``overflow_flag`` set when more positions are computed."""
+    if fold_rows is not None:
+        fold = fold | fold_rows[:, None]
+    fold = fold & valid_parent_rows(parents.to(fold.device))[:, None]
+    origin, rows, count, slot = resolve_folds_ref(fold, parents, invalid_flag)
+    if capacity is not None:
+        overflow_flag.masked_fill_(count > capacity, True)
+        slot = slot.clamp(max=capacity - 1)
+    return fold, origin, rows, count, slot

@@ -74,12 +74,16 @@ def triton_runs(device: torch.device) -> bool:
     return kernels.triton_available() and (device.type == "cuda" or kernels.interpreting())
 
 
-def resolve_folds_packed(fold: Tensor, parents: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def resolve_folds_packed(fold: Tensor, parents: Tensor, fold_rows: Tensor | None = None, capacity: int | None = None,
+                         overflow_flag: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """A fold mask (bool ``[N, B]``) resolved and packed in one Triton launch (``kernels.fold_gate_from_flags``;
-    ``triton_runs`` must hold): the mask with the rows of no valid parent cleared, the computed positions
-    first (flat, int64 ``[N * B]``, the tail zeroed), their count (0-d) and every position's slot among
-    them (its origin's), ``[N, B]``. No host read."""
-    fold, _, rows, count, slot = kernels.fold_gate_from_flags(fold, parents)
+    ``triton_runs`` must hold): the mask with ``fold_rows`` (bool ``[N]``, optional) folded whole and the
+    rows of no valid parent cleared, the computed positions first (flat, int64 ``[N * B]``, the tail
+    zeroed), their count (0-d) and every position's slot among them (its origin's), ``[N, B]``. With
+    ``capacity`` (a packed batch of that many positions), the slots are clamped to ``capacity - 1`` and
+    ``overflow_flag`` (bool, one element) is set when more positions are computed. No host read."""
+    fold, _, rows, count, slot = kernels.fold_gate_from_flags(fold, parents, fold_rows=fold_rows, capacity=capacity,
+                                                              overflow_flag=overflow_flag)
     return fold, rows, count, slot
 
 

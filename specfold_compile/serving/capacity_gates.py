@@ -6,11 +6,12 @@ forced mask, folds the padding rows into row 0, resolves every position's origin
 positions first, and hands the folded layers the first ``capacity[g]`` of them with every position's
 slot among them; ``overflow`` is set when a gate computes more than its capacity.
 
-The resolution and packing run as one Triton launch (``ops.resolve_folds_packed``, the backend's
-resolve kernel: pointer jumping and a prefix sum over the ``[R, B]`` tile) wherever Triton runs (CUDA,
-or the interpreter), or as tensor ops (``FoldChains.resolve``: pointer jumping by gathers, a stable sort,
-a cumulative sum). Both give the same outputs for the same mask; the kernel is one node of a captured
-graph where the tensor ops are about twenty, each a launch of its own. ``resolve_kernel=False`` takes the
+The padding's folds, the resolution and packing, the slots' clamp to the capacity and the overflow flag
+run as one Triton launch (``ops.resolve_folds_packed``, the backend's resolve kernel: pointer jumping and
+a prefix sum over the ``[R, B]`` tile) wherever Triton runs (CUDA, or the interpreter), or as tensor ops
+(``FoldChains.resolve``: pointer jumping by gathers, a stable sort, a cumulative sum). Both give the same
+outputs for the same mask; the kernel is one node of a captured graph where the tensor ops are about
+twenty, each a launch of its own. ``resolve_kernel=False`` takes the
 tensor ops (``BatchGraphs(gate_kernel=False)``: to bisect a wrong result between the two).
 
 The kernel resolves a batch in one program, so its time grows with the batch: it takes batches of up to
@@ -66,13 +67,13 @@ class CapacityGates:
             fold = self.chains.flags(h, self.tau)
         else:
             fold = self.forced[len(self.masks)]
-        fold = fold | self.pad_rows[:, None]
         capacity = self.capacity[len(self.masks)]
-        if self.resolve_kernel:  # clears the folds of rows without a valid parent itself
-            fold, rows, count, slot = ops.resolve_folds_packed(fold, self.parents)
+        if self.resolve_kernel:  # the padding's folds, the clamp and the overflow flag in the same launch
+            fold, rows, _, slot = ops.resolve_folds_packed(fold, self.parents, self.pad_rows, capacity, self.overflow)
         else:
-            fold = fold & self.chains.valid[:, None]
+            fold = (fold | self.pad_rows[:, None]) & self.chains.valid[:, None]
             _, rows, count, slot = self.chains.resolve(fold)
+            self.overflow |= count > capacity
+            slot = slot.clamp(max=capacity - 1)
         self.masks.append(fold)
-        self.overflow |= count > capacity
-        return rows[:capacity], slot.clamp(max=capacity - 1)
+        return rows[:capacity], slot

@@ -9,7 +9,8 @@ pytest.importorskip("triton")
 from specfold_compile.kernels import gate  # noqa: E402
 from specfold_compile.kernels import (fold_gate, fold_gate_from_flags, fold_gate_ref, resolve_folds,  # noqa: E402
                                      resolve_folds_ref)
-from specfold_compile.kernels.gate_ref import FoldChains, chain_depth, fold_flags_ref, resolve_folds_jump  # noqa: E402
+from specfold_compile.kernels.gate_ref import (FoldChains, chain_depth, fold_flags_ref,  # noqa: E402
+                                               fold_gate_from_flags_ref, resolve_folds_jump)
 from specfold_compile.testing import DEVICE, DTYPES, no_host_reads, randn  # noqa: E402
 
 SETTINGS = dict(deadline=None, max_examples=12)
@@ -268,6 +269,35 @@ def test_fold_gate_from_flags_matches_ref(N, B, p_fold, chain, seed):
     assert fold.data_ptr() != flags.data_ptr()
     for a, b in zip(rest, resolve_folds_ref(expected, parents)):
         assert torch.equal(a.cpu(), b.cpu())
+
+
+@settings(deadline=None, max_examples=20)
+@given(N=st.integers(1, 12), B=st.integers(1, 12), p_fold=st.sampled_from([0.0, 0.4, 1.0]), chain=st.booleans(),
+       p_row=st.sampled_from([0.0, 0.3, 1.0]), share=st.floats(0.0, 1.2), flag_set=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_fold_gate_from_flags_rows_and_capacity_match_ref(N, B, p_fold, chain, p_row, share, flag_set, seed):
+    """The serving engine's gate in one launch: rows folded whole (``fold_rows``), the slots clamped to
+    ``capacity - 1`` and the overflow flag set when more positions are computed, never cleared; the
+    same as the reference, the unclamped outputs as without a capacity."""
+    gen = torch.Generator().manual_seed(seed)
+    parents = random_parents(N, gen, chain)
+    flags = (torch.rand(N, B, generator=gen) < p_fold).to(DEVICE)
+    fold_rows = (torch.rand(N, generator=gen) < p_row).to(DEVICE)
+    capacity = max(1, int(share * N * B))
+    flag, flag_ref = (torch.full((), flag_set, dtype=torch.bool, device=DEVICE) for _ in range(2))
+    out = fold_gate_from_flags(flags, parents, fold_rows=fold_rows, capacity=capacity, overflow_flag=flag)
+    ref = fold_gate_from_flags_ref(flags, parents, fold_rows=fold_rows, capacity=capacity, overflow_flag=flag_ref)
+    for name, a, b in zip(["fold", "origin", "rows", "count", "slot"], out, ref):
+        assert a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu()), f"{name}: {a} vs {b}"
+    count = int(out[3])
+    assert bool(flag) == bool(flag_ref) == (flag_set or count > capacity)
+    assert int(out[4].max()) <= capacity - 1
+    folded = out[0].cpu()
+    assert all(folded[n].all() for n in range(1, N) if fold_rows[n])  # (every row's parent is valid here)
+    plain = fold_gate_from_flags(folded.to(DEVICE), parents)  # the same mask without the options
+    for name, a, b in zip(["fold", "origin", "rows", "count"], out[:4], plain[:4]):
+        assert torch.equal(a.cpu(), b.cpu()), name
+    assert torch.equal(out[4].cpu(), plain[4].clamp(max=capacity - 1).cpu())
 
 
 @settings(**SETTINGS)

@@ -73,6 +73,20 @@ def test_origin_resolution_names_the_bad_argument(resolve):
     assert all(torch.equal(a, b) for a, b in zip(ok, ref))
 
 
+def test_gate_capacity_names_the_bad_argument():
+    fold, parents = torch.zeros(3, 4, dtype=torch.bool), torch.tensor([-1, 0, 1])
+    flag = torch.zeros((), dtype=torch.bool)
+    bad = [(dict(fold_rows=torch.zeros(2, dtype=torch.bool)), "fold_rows"),
+           (dict(fold_rows=torch.zeros(3, dtype=torch.int64)), "fold_rows"),
+           (dict(capacity=0, overflow_flag=flag), "capacity"), (dict(capacity=True, overflow_flag=flag), "capacity"),
+           (dict(capacity=4.0, overflow_flag=flag), "capacity"), (dict(capacity=4), "overflow_flag"),
+           (dict(overflow_flag=flag), "overflow_flag"),
+           (dict(capacity=4, overflow_flag=torch.zeros(1, dtype=torch.int32)), "overflow_flag")]
+    for kwargs, name in bad:
+        with pytest.raises(ValueError, match=f"^{name}: expected"):
+            fold_gate_from_flags(fold, parents, **kwargs)
+
+
 def test_packed_linear_names_the_bad_argument():
     x, w = t(5, 8), t(6, 8)
     with pytest.raises(ValueError, match="^weight: expected"):

@@ -7,7 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specfold_compile import kernels
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from specfold_compile import kernels, ops
 from specfold_compile.serving import Engine, RequestParams
 from specfold_compile.serving.capacity_gates import KERNEL_TILE_MAX, CapacityGates, check_gate_kernel
 from specfold_compile.serving.graphs import BatchGraphs
@@ -62,6 +64,48 @@ def test_resolve_kernel_matches_tensor_ops(counts, pad, block, tau, forced, shar
         assert not a[0].any() and a[pad_rows].all()  # a main row never folds, padding always does
         assert torch.equal(ref_rows, k_rows) and torch.equal(ref_slot, k_slot)
     assert ref_overflow == overflow
+
+
+class _TensorOps(TorchDispatchMode):
+    """The tensor ops a gate issues outside its resolve launch (views and allocations are no launches)."""
+
+    FREE = ("view", "slice", "select", "alias", "expand", "unsqueeze", "detach", "empty")
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.paused = [], False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        if not self.paused and not any(word in name for word in self.FREE):
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@needs_triton
+@pytest.mark.parametrize("forced", [True, False])
+def test_kernel_gate_is_one_launch(forced, monkeypatch):
+    """With the kernel a forced gate issues nothing but its resolve launch (the padding's folds, the
+    capacity's clamp and the overflow flag inside it), a gated one only its flags' ops besides."""
+    parents, pad_rows = _batch([3, 2], 2, seed=3)
+    h = torch.randn(len(parents), 4, 8)
+    masks = torch.rand(1, len(parents), 4) < 0.5 if forced else None
+    mode, resolve = _TensorOps(), ops.resolve_folds_packed
+
+    def launch(*args):
+        mode.paused = True  # the interpreter's own copies are not the gate's
+        try:
+            return resolve(*args)
+        finally:
+            mode.paused = False
+    monkeypatch.setattr(ops, "resolve_folds_packed", launch)
+    gates = CapacityGates(parents, 4, 2, torch.tensor(0.3), (9,), pad_rows, masks, True)
+    flag_ops = _TensorOps()
+    with flag_ops:
+        gates.chains.flags(h, gates.tau)
+    with mode:
+        gates(h)
+    assert mode.ops == ([] if forced else flag_ops.ops) and (forced or mode.ops)
 
 
 def test_check_gate_kernel():
