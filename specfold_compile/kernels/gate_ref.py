@@ -99,13 +99,15 @@ class FoldChains:
         longest = n_rows - 1 if depth is None else depth
         self.rounds = max(longest - 1, 0).bit_length()              # ceil(log2(longest)): 2^rounds >= longest
 
-    def flags(self, h: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
-        """``fold_flags_ref(h, parents, tau)``."""
+    def flags(self, h: torch.Tensor, tau: torch.Tensor, clear_invalid: bool = True) -> torch.Tensor:
+        """``fold_flags_ref(h, parents, tau)``; ``clear_invalid=False`` leaves the rows of no valid parent
+        (row 0 too) as the test gives them, one launch fewer, for a resolve that clears them itself."""
         hf = h.float()
         hp = hf[self.parent]                                        # row 0 (and invalid rows) against itself
         diff = torch.linalg.vector_norm(hf - hp, dim=-1)
         ref = torch.linalg.vector_norm(hp, dim=-1)
-        return (diff < tau.float() * ref) & self.valid[:, None]    # NaN, tau = 0, zero parent -> False
+        fold = diff < tau.float() * ref                             # NaN, tau = 0, zero parent -> False
+        return fold & self.valid[:, None] if clear_invalid else fold
 
     def _origins(self, fold: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         fold = fold & self.valid[:, None]

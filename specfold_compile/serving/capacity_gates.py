@@ -64,7 +64,7 @@ class CapacityGates:
 
     def __call__(self, h: Tensor) -> tuple[Tensor, Tensor]:
         if self.forced is None:
-            fold = self.chains.flags(h, self.tau)
+            fold = self.chains.flags(h, self.tau, clear_invalid=not self.resolve_kernel)  # the kernel clears them
         else:
             fold = self.forced[len(self.masks)]
         capacity = self.capacity[len(self.masks)]

@@ -184,6 +184,8 @@ def test_resolve_folds_jump_matches_ref(sizes, B, p_fold, p_invalid, seed):
     h[1::2] = h[near] * (1 + 0.01 * torch.rand(B, 1, generator=gen))  # every other row near its parent
     tau = torch.tensor(0.05)
     assert torch.equal(chains.flags(h.to(DEVICE), tau).cpu(), fold_flags_ref(h, parents.cpu(), tau))
+    loose = chains.flags(h.to(DEVICE), tau, clear_invalid=False)  # differs on rows of no valid parent only
+    assert torch.equal((loose & chains.valid[:, None]).cpu(), fold_flags_ref(h, parents.cpu(), tau))
 
 
 def test_chain_depth():

@@ -86,7 +86,8 @@ class _TensorOps(TorchDispatchMode):
 @pytest.mark.parametrize("forced", [True, False])
 def test_kernel_gate_is_one_launch(forced, monkeypatch):
     """With the kernel a forced gate issues nothing but its resolve launch (the padding's folds, the
-    capacity's clamp and the overflow flag inside it), a gated one only its flags' ops besides."""
+    capacity's clamp and the overflow flag inside it), a gated one only its flags' ops besides (the rows of
+    no valid parent cleared by the launch too)."""
     parents, pad_rows = _batch([3, 2], 2, seed=3)
     h = torch.randn(len(parents), 4, 8)
     masks = torch.rand(1, len(parents), 4) < 0.5 if forced else None
@@ -102,7 +103,7 @@ def test_kernel_gate_is_one_launch(forced, monkeypatch):
     gates = CapacityGates(parents, 4, 2, torch.tensor(0.3), (9,), pad_rows, masks, True)
     flag_ops = _TensorOps()
     with flag_ops:
-        gates.chains.flags(h, gates.tau)
+        gates.chains.flags(h, gates.tau, clear_invalid=False)
     with mode:
         gates(h)
     assert mode.ops == ([] if forced else flag_ops.ops) and (forced or mode.ops)
