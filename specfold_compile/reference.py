@@ -6,7 +6,8 @@ origin map and the packing written out. Clarity beats speed here.
 The pieces are shared with the serving engine's batched folded verification
 (``serving.folded.verify_batch_folded``), which runs them over the rows of several requests at once:
 ``FoldGates`` (gate -> origin -> packing, one call per gate), ``folded_layers`` (the decoder layers over
-the packed rows, attention through a callable) and ``packed_tables`` (the RoPE tables of the packed rows).
+the packed rows, attention through a callable, the position-wise parts through ``FOLDED_PIECES``) and
+``packed_tables`` (the RoPE tables of the packed rows).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .kernels.gate_ref import FoldChains, chain_depth
 from .models.transformer import BlockDiffusionLM, PositionTables, PrefixCache
 
 __all__ = ["folded_verify", "check_tau", "gate_count", "FoldGates", "folded_layers", "packed_tables", "GATES",
-           "chain_depth", "FoldChains"]
+           "chain_depth", "FoldChains", "packed_qkv", "attn_residual", "packed_mlp", "FOLDED_PIECES"]
 
 GATES = ("layer", "sublayer")
 
@@ -101,28 +102,52 @@ def packed_tables(pos: PositionTables, index: Tensor) -> PositionTables:
     return PositionTables(pos.cos[index], pos.sin[index], None if pos.q_scale is None else pos.q_scale[index])
 
 
-def folded_layers(layers, h: Tensor, gates: FoldGates, tables: Callable[[Tensor], PositionTables],
-                  attend: Attend, gate: str = "layer") -> Tensor:
+def packed_qkv(layer, h: Tensor, rows: Tensor, slot: Tensor, tables: PositionTables):
+    """The attention sublayer's position-wise part on the computed rows only (``rows``, flat ``n * B + b``
+    indices into ``h`` [N, B, C] and ``tables``, one entry a flat position), every position taking its
+    origin's q, k, v (``slot``, [N, B]): q [N, B, Hq, D], k, v [N, B, Hkv, D]."""
+    q_p, k_p, v_p = layer.qkv(h.reshape(-1, h.shape[-1])[rows], packed_tables(tables, rows))  # [R, H, D]
+    return q_p[slot], k_p[slot], v_p[slot]
+
+
+def attn_residual(layer, h: Tensor, o: Tensor) -> Tensor:
+    """The attention sublayer's output projection on every row (each row's own attention), added to its
+    residual stream."""
+    return h + layer.attn_out(o)
+
+
+def packed_mlp(layer, h_mid: Tensor, rows: Tensor, slot: Tensor) -> Tensor:
+    """The MLP sublayer on the computed rows only, every position adding its origin's output to its own
+    residual stream."""
+    return h_mid + layer.mlp_out(h_mid.reshape(-1, h_mid.shape[-1])[rows])[slot]
+
+
+# The folded layer's three position-wise pieces: (packed_qkv, attn_residual, packed_mlp). The serving
+# engine passes them compiled (``serving.compiled``), each a graph with its gathers fused.
+FOLDED_PIECES = (packed_qkv, attn_residual, packed_mlp)
+
+
+def folded_layers(layers, h: Tensor, gates: FoldGates, tables: PositionTables, attend: Attend,
+                  gate: str = "layer", pieces=FOLDED_PIECES) -> Tensor:
     """SPEC section 2's decoder layers over the residual streams ``h`` [N, B, C]: per layer the gate
-    (``gates``), the position-wise part before attention on the computed rows only (``tables(rows)``: the
-    RoPE tables of the packed rows), every row attending with its (possibly inherited) q over the prefix
-    and its own branch's k/v (``attend``), and the MLP on the computed rows, folded rows adding their
-    origin's output to their own residual. ``gate="sublayer"`` re-gates the MLP at ``h_mid``."""
-    channels = h.shape[-1]
+    (``gates``), the position-wise part before attention on the computed rows only (``tables``: the RoPE
+    tables of every flat position ``n * B + b``), every row attending with its (possibly inherited) q over
+    the prefix and its own branch's k/v (``attend``), and the MLP on the computed rows, folded rows adding
+    their origin's output to their own residual. ``gate="sublayer"`` re-gates the MLP at ``h_mid``.
+    ``pieces``: the three position-wise functions (``FOLDED_PIECES``, or the same compiled)."""
+    qkv, attn_out, mlp = pieces
     for index, layer in enumerate(layers):
-        # Attention sublayer: position-wise part on the computed rows only.
+        # Attention sublayer: position-wise part on the computed rows only. Folded rows take their
+        # origin's q, k, v; every row attends over the shared prefix and its own branch's block (so a
+        # recomputed position reaches the folded positions of its branch).
         rows, slot = gates(h)
-        q_p, k_p, v_p = layer.qkv(h.reshape(-1, channels)[rows], tables(rows))  # [R, H, D]
-        # Folded rows take their origin's q, k, v; every row attends over the shared prefix and its
-        # own branch's block (so a recomputed position reaches the folded positions of its branch).
-        q, k, v = q_p[slot], k_p[slot], v_p[slot]  # [N, B, H, D]
-        h_mid = h + layer.attn_out(attend(index, layer, q, k, v))
+        q, k, v = qkv(layer, h, rows, slot, tables)  # [N, B, H, D]
+        h_mid = attn_out(layer, h, attend(index, layer, q, k, v))
 
         # MLP sublayer: computed rows only; folded rows add their origin's output to their own residual.
         if gate == "sublayer":
             rows, slot = gates(h_mid)
-        m_p = layer.mlp_out(h_mid.reshape(-1, channels)[rows])  # [R, C]
-        h = h_mid + m_p[slot]
+        h = mlp(layer, h_mid, rows, slot)
     return h
 
 
@@ -153,7 +178,10 @@ def folded_verify(model: BlockDiffusionLM, tokens: Tensor, parents: Tensor, cach
         return branch_attention_ref(q, k, v, cache.keys[index], cache.values[index], layer.scale,
                                     prefix_len=cache.device_length)
 
-    h = folded_layers(model.layers, h, gates, lambda rows: packed_tables(pos, rows % block), attend, gate)
+    n_rows = tokens.shape[0]
+    flat = PositionTables(*(None if t is None else t.repeat(n_rows, *([1] * (t.dim() - 1)))
+                            for t in (pos.cos, pos.sin, pos.q_scale)))  # one entry a flat position n * B + b
+    h = folded_layers(model.layers, h, gates, flat, attend, gate)
 
     # The family's logit shift, applied to the hidden states before the row-wise norm and head (as the
     # model's verify does): the same logits as shifting them after. With fold_head the head's gate sees

@@ -6,7 +6,7 @@ the parts that see one position at a time. ``compiled_model(model, backend)`` gi
 whose ``layers`` run those methods compiled with dynamic shapes (``dynamic=True``: the row count changes
 every step, and with dynamic shapes one graph serves every count and every layer); attention (the
 ragged kernel or ``ops.branch_attention``), the embedding, the final norm and the LM head stay as they
-are. Inductor fuses each piece's pointwise ops (RMSNorm, RoPE, SiLU-and-multiply) around the GEMMs,
+are. A folded forward runs ``reference.FOLDED_PIECES`` compiled the same way (``folded_pieces``). Inductor fuses each piece's pointwise ops (RMSNorm, RoPE, SiLU-and-multiply) around the GEMMs,
 which eagerly are a launch each.
 
 The view changes nothing in ``model``: its parameters, modules and methods are the model's own (a
@@ -22,7 +22,10 @@ import functools
 
 import torch
 
-__all__ = ["POSITION_WISE", "ModelView", "compiled_model", "check_compile_layers", "base_model"]
+from ..models.layers import PositionTables
+from ..reference import FOLDED_PIECES, attn_residual, packed_mlp, packed_qkv
+
+__all__ = ["POSITION_WISE", "ModelView", "compiled_model", "check_compile_layers", "base_model", "folded_pieces"]
 
 POSITION_WISE = ("qkv", "attn_out", "mlp_out")  # DecoderLayer's pieces the passes run over all rows at once
 
@@ -72,6 +75,33 @@ class ModelView:
 def compiled_model(model, backend: str | None):
     """What the passes run: ``model`` itself for ``backend=None``, else its ``ModelView``."""
     return model if backend is None else ModelView(model, backend)
+
+
+def _qkv_of_tensors(layer, h, rows, slot, cos, sin, q_scale):
+    """``packed_qkv`` with the tables' tensors as arguments of their own: ``dynamic=True`` makes them
+    dynamic from the first compile (a dataclass's tensors would take one recompile)."""
+    return packed_qkv(layer, h, rows, slot, PositionTables(cos, sin, q_scale))
+
+
+@functools.cache
+def _compiled_pieces(backend: str):
+    qkv, attn_out, mlp = (torch.compile(fn, dynamic=True, backend=backend)
+                          for fn in (_qkv_of_tensors, attn_residual, packed_mlp))
+
+    def packed_qkv_compiled(layer, h, rows, slot, tables):
+        return qkv(layer, h, rows, slot, tables.cos, tables.sin, tables.q_scale)
+    return packed_qkv_compiled, attn_out, mlp
+
+
+def folded_pieces(model):
+    """The layers and position-wise pieces a folded forward of ``model`` runs (``reference.folded_layers``):
+    the model's layers and ``reference.FOLDED_PIECES``; under a ``ModelView`` the model's own layers and the
+    pieces compiled whole, each one graph for every layer and row count, so that the packed rows' gathers
+    (the residuals, the RoPE tables and each position's origin's q, k, v and MLP output) fuse with the
+    norms, RoPE and residual adds around the GEMMs."""
+    if isinstance(model, ModelView):
+        return model.model.layers, _compiled_pieces(model.backend)
+    return model.layers, FOLDED_PIECES
 
 
 def base_model(model):

@@ -27,7 +27,8 @@ from torch import Tensor
 
 from ..models.checks import validate_parents
 from ..models.layers import PositionTables
-from ..reference import FoldGates, chain_depth, check_gate, folded_layers, gate_count, packed_tables
+from ..reference import FoldGates, chain_depth, check_gate, folded_layers, gate_count
+from .compiled import folded_pieces
 from .forward import _row_tables, attend_requests, request_logits, request_rows
 from .pool import KVPool
 
@@ -119,7 +120,7 @@ def verify_batch_folded(model, pool: KVPool, slots: list[int], rows: list[Tensor
     def attend(index, layer, q, k, v):
         return attend_requests(q, k, v, pool, index, owners, layer.scale, attention)
 
-    h = folded_layers(model.layers, model.embed_tokens(tokens), gates, lambda r: packed_tables(flat, r), attend,
-                      gate)
+    layers, pieces = folded_pieces(model)
+    h = folded_layers(layers, model.embed_tokens(tokens), gates, flat, attend, gate, pieces)
     logits = request_logits(model, h, bounds, logit_positions)
     return logits, list(torch.stack(gates.masks).split(counts, dim=1))

@@ -60,9 +60,9 @@ from ..decoding.commit import confidence
 from ..decoding.cuda_graphs import REPLAYS
 from ..decoding.graph_capture import capture_call
 from ..models.layers import PositionTables
-from ..reference import chain_depth, check_gate, folded_layers, gate_count, packed_tables
+from ..reference import chain_depth, check_gate, folded_layers, gate_count
 from .capacity_gates import CapacityGates, check_gate_kernel
-from .compiled import base_model, check_compile_layers, compiled_model
+from .compiled import base_model, check_compile_layers, compiled_model, folded_pieces
 from .forward import row_bounds
 from .pool import KVPool
 
@@ -304,7 +304,8 @@ class BatchGraphs:
         if folded:
             gates = CapacityGates(rest[0], block, depth, self._tau, capacity, rest[1].bool(), graph.masks_in,
                                   self.gate_kernel)
-            h = folded_layers(model.layers, h, gates, lambda r: packed_tables(tables, r), attend, self.gate)
+            layers, pieces = folded_pieces(model)
+            h = folded_layers(layers, h, gates, tables, attend, self.gate, pieces)
         else:
             pos = _by_row(tables, r_pad, block)
             for index, layer in enumerate(model.layers):

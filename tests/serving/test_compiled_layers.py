@@ -1,6 +1,7 @@
 """``Engine(compile_layers=...)`` (``serving.compiled``): the passes run each decoder layer's position-wise
 pieces through ``torch.compile``; the model is left as it was, the pieces compute the eager pieces on
-random rows, one compiled graph a piece serves every layer and row count, and the engine decodes the
+random rows, as do a folded forward's pieces compiled whole, one compiled graph a piece serves every layer
+and row count, and the engine decodes the
 plain engine's tokens and fold masks, launched and replayed from (eager) graphs, with Inductor too."""
 import pytest
 import torch
@@ -9,7 +10,9 @@ from hypothesis import strategies as st
 from torch._dynamo import list_backends, register_backend
 
 from specfold_compile.serving import BatchGraphs, Engine, RequestParams
-from specfold_compile.serving.compiled import POSITION_WISE, base_model, check_compile_layers, compiled_model
+from specfold_compile.reference import FOLDED_PIECES
+from specfold_compile.serving.compiled import (POSITION_WISE, base_model, check_compile_layers, compiled_model,
+                                               folded_pieces)
 from specfold_compile.testing import TINY_FAMILIES as FAMILIES, assert_close, tiny_model
 
 GRAPHS: list = []  # what the counting backend compiled
@@ -64,6 +67,32 @@ def test_compiled_pieces_compute_the_eager_pieces(family, rows, start, seed):
     # dynamic shapes: every layer and row count shares one graph a piece (a compile a layer would be
     # twice as many: the tiny models have two layers)
     assert len(GRAPHS) - graphs <= len(POSITION_WISE)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compiled_folded_pieces_compute_the_reference_pieces(family):
+    """A folded forward's pieces (``reference.FOLDED_PIECES``: gathers of the packed rows, RoPE tables and
+    origins included) compiled whole compute the eager pieces, one graph a piece for every layer and every
+    packed count."""
+    model = tiny_model(family)
+    view = compiled_model(model, "counting")
+    layers, pieces = folded_pieces(view)
+    assert layers is model.layers and folded_pieces(model) == (model.layers, FOLDED_PIECES)
+    cfg, gen = model.config, torch.Generator().manual_seed(0)
+    block, graphs = int(cfg.block_size), len(GRAPHS)
+    for rows, packed in ((5, 40), (7, 70)):  # (flat sizes unlike the model's: no duck-shaped specialization)
+        h = torch.randn(rows, block, cfg.hidden_size, generator=gen)
+        tables = model.position_tables(torch.arange(rows * block) + 7)  # any table a flat position
+        computed = torch.sort(torch.randperm(rows * block, generator=gen)[:packed]).values
+        slot = torch.randint(0, packed, (rows, block), generator=gen)
+        for layer in layers:
+            o = torch.randn(rows, block, layer.num_heads, layer.head_dim, generator=gen)
+            args = ((layer, h, computed, slot, tables), (layer, h, o), (layer, h, computed, slot))
+            for mine, theirs, a in zip(pieces, FOLDED_PIECES, args):
+                got, want = mine(*a), theirs(*a)
+                for x, y in zip(*((got, want) if isinstance(got, tuple) else ((got,), (want,)))):
+                    assert_close(x, y)
+    assert len(GRAPHS) - graphs <= len(FOLDED_PIECES)
 
 
 WORKLOAD = [(torch.randint(0, 90, (n,), generator=torch.Generator().manual_seed(n)),
