@@ -19,11 +19,11 @@ import torch
 from torch import Tensor
 
 from .kernels.attention_ref import branch_attention_ref
-from .kernels.gate_ref import FoldChains, chain_depth
+from .kernels.gate_ref import FoldChains, chain_depth, fold_test
 from .models.transformer import BlockDiffusionLM, PositionTables, PrefixCache
 
 __all__ = ["folded_verify", "check_tau", "gate_count", "FoldGates", "folded_layers", "packed_tables", "GATES",
-           "chain_depth", "FoldChains", "packed_qkv", "attn_residual", "packed_mlp", "FOLDED_PIECES"]
+           "chain_depth", "FoldChains", "fold_test", "packed_qkv", "attn_residual", "packed_mlp", "FOLDED_PIECES"]
 
 GATES = ("layer", "sublayer")
 

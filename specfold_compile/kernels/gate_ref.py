@@ -77,6 +77,17 @@ def resolve_folds_ref(fold: torch.Tensor, parents: torch.Tensor, invalid_flag: t
     return origin, rows, count.to(torch.int64), slot
 
 
+def fold_test(h: torch.Tensor, parent: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """SPEC section 2's fold test of every row of ``h`` [N, B, C] against its row ``parent`` [N] (an index
+    in [0, N) a row: ``safe_parents``, so row 0 and the rows of no valid parent test against themselves
+    and are not cleared here): ``||h[n, b] - h[p, b]|| < tau * ||h[p, b]||`` in float32, bool [N, B]."""
+    hf = h.float()
+    hp = hf[parent]
+    diff = torch.linalg.vector_norm(hf - hp, dim=-1)
+    ref = torch.linalg.vector_norm(hp, dim=-1)
+    return diff < tau.float() * ref                                 # NaN, tau = 0, zero parent -> False
+
+
 class FoldChains:
     """The fold chains of rows with ``parents`` [N] (on the device the gates run on), ``block`` positions a
     row, made once a forward and shared by all its gates (the parents do not change between them): the
@@ -99,15 +110,9 @@ class FoldChains:
         longest = n_rows - 1 if depth is None else depth
         self.rounds = max(longest - 1, 0).bit_length()              # ceil(log2(longest)): 2^rounds >= longest
 
-    def flags(self, h: torch.Tensor, tau: torch.Tensor, clear_invalid: bool = True) -> torch.Tensor:
-        """``fold_flags_ref(h, parents, tau)``; ``clear_invalid=False`` leaves the rows of no valid parent
-        (row 0 too) as the test gives them, one launch fewer, for a resolve that clears them itself."""
-        hf = h.float()
-        hp = hf[self.parent]                                        # row 0 (and invalid rows) against itself
-        diff = torch.linalg.vector_norm(hf - hp, dim=-1)
-        ref = torch.linalg.vector_norm(hp, dim=-1)
-        fold = diff < tau.float() * ref                             # NaN, tau = 0, zero parent -> False
-        return fold & self.valid[:, None] if clear_invalid else fold
+    def flags(self, h: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+        """``fold_flags_ref(h, parents, tau)``."""
+        return fold_test(h, self.parent, tau) & self.valid[:, None]
 
     def _origins(self, fold: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         fold = fold & self.valid[:, None]

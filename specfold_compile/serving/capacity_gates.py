@@ -1,7 +1,7 @@
 """The gates of the engine's replayed SpecFold forward (``graphs.BatchGraphs``): packed batches of fixed
 sizes and no host read.
 
-Gate ``g`` computes its fold flags (``FoldChains.flags``, SPEC section 2's test in float32) or takes its
+Gate ``g`` computes its fold flags (``fold_test``, SPEC section 2's test in float32) or takes its
 forced mask, folds the padding rows into row 0, resolves every position's origin and packs the computed
 positions first, and hands the folded layers the first ``capacity[g]`` of them with every position's
 slot among them; ``overflow`` is set when a gate computes more than its capacity.
@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from .. import ops
-from ..reference import FoldChains
+from ..reference import FoldChains, fold_test
 
 __all__ = ["CapacityGates", "check_gate_kernel", "KERNEL_TILE_MAX"]
 
@@ -51,11 +51,13 @@ class CapacityGates:
     """``reference.FoldGates`` over a replayed batch (module docstring). ``parents``: int64 ``[R]``, the
     rows' parents offset to the concatenation (a main row's -1, a padding row's 0); ``pad_rows``: bool
     ``[R]``; ``forced``: bool ``[G, R, B]`` or None; ``capacity``: the positions each gate packs;
-    ``resolve_kernel``: the Triton kernel resolves, where the batch fits ``KERNEL_TILE_MAX``."""
+    ``resolve_kernel``: the Triton kernel resolves, where the batch fits ``KERNEL_TILE_MAX``; ``test``: the
+    fold test, ``reference.fold_test`` or the same compiled (``compiled.gate_test``)."""
 
     def __init__(self, parents: Tensor, block: int, depth: int, tau: Tensor, capacity: tuple[int, ...],
-                 pad_rows: Tensor, forced: Tensor | None, resolve_kernel: bool = False):
+                 pad_rows: Tensor, forced: Tensor | None, resolve_kernel: bool = False, test=fold_test):
         self.chains = FoldChains(parents, block, depth)
+        self.test = test
         self.parents = parents
         self.resolve_kernel = resolve_kernel and parents.numel() * block <= KERNEL_TILE_MAX
         self.tau, self.capacity, self.pad_rows, self.forced = tau, capacity, pad_rows, forced
@@ -64,7 +66,9 @@ class CapacityGates:
 
     def __call__(self, h: Tensor) -> tuple[Tensor, Tensor]:
         if self.forced is None:
-            fold = self.chains.flags(h, self.tau, clear_invalid=not self.resolve_kernel)  # the kernel clears them
+            fold = self.test(h, self.chains.parent, self.tau)
+            if not self.resolve_kernel:  # (the kernel clears the rows of no valid parent itself)
+                fold = fold & self.chains.valid[:, None]
         else:
             fold = self.forced[len(self.masks)]
         capacity = self.capacity[len(self.masks)]

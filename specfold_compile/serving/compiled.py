@@ -23,9 +23,10 @@ import functools
 import torch
 
 from ..models.layers import PositionTables
-from ..reference import FOLDED_PIECES, attn_residual, packed_mlp, packed_qkv
+from ..reference import FOLDED_PIECES, attn_residual, fold_test, packed_mlp, packed_qkv
 
-__all__ = ["POSITION_WISE", "ModelView", "compiled_model", "check_compile_layers", "base_model", "folded_pieces"]
+__all__ = ["POSITION_WISE", "ModelView", "compiled_model", "check_compile_layers", "base_model", "folded_pieces",
+           "gate_test"]
 
 POSITION_WISE = ("qkv", "attn_out", "mlp_out")  # DecoderLayer's pieces the passes run over all rows at once
 
@@ -102,6 +103,19 @@ def folded_pieces(model):
     if isinstance(model, ModelView):
         return model.model.layers, _compiled_pieces(model.backend)
     return model.layers, FOLDED_PIECES
+
+
+@functools.cache
+def _compiled_test(backend: str):
+    return torch.compile(fold_test, dynamic=True, backend=backend)
+
+
+def gate_test(model):
+    """The fold test the engine's gates run (``reference.fold_test``), compiled under a ``ModelView``: one
+    or two fused kernels a gate where the eager test launches seven or eight ops. Its float32 norms may
+    round otherwise than the eager ones, so a position within rounding of ``tau`` may fold one way or the
+    other (as the compiled pieces' numbers differ by rounding)."""
+    return _compiled_test(model.backend) if isinstance(model, ModelView) else fold_test
 
 
 def base_model(model):

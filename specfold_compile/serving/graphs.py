@@ -62,7 +62,7 @@ from ..decoding.graph_capture import capture_call
 from ..models.layers import PositionTables
 from ..reference import chain_depth, check_gate, folded_layers, gate_count
 from .capacity_gates import CapacityGates, check_gate_kernel
-from .compiled import base_model, check_compile_layers, compiled_model, folded_pieces
+from .compiled import base_model, check_compile_layers, compiled_model, folded_pieces, gate_test
 from .forward import row_bounds
 from .pool import KVPool
 
@@ -303,7 +303,7 @@ class BatchGraphs:
 
         if folded:
             gates = CapacityGates(rest[0], block, depth, self._tau, capacity, rest[1].bool(), graph.masks_in,
-                                  self.gate_kernel)
+                                  self.gate_kernel, gate_test(model))
             layers, pieces = folded_pieces(model)
             h = folded_layers(layers, h, gates, tables, attend, self.gate, pieces)
         else:

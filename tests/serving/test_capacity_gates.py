@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from specfold_compile import kernels, ops
+from specfold_compile.reference import fold_test
 from specfold_compile.serving import Engine, RequestParams
 from specfold_compile.serving.capacity_gates import KERNEL_TILE_MAX, CapacityGates, check_gate_kernel
 from specfold_compile.serving.graphs import BatchGraphs
@@ -103,7 +104,7 @@ def test_kernel_gate_is_one_launch(forced, monkeypatch):
     gates = CapacityGates(parents, 4, 2, torch.tensor(0.3), (9,), pad_rows, masks, True)
     flag_ops = _TensorOps()
     with flag_ops:
-        gates.chains.flags(h, gates.tau, clear_invalid=False)
+        fold_test(h, gates.chains.parent, gates.tau)
     with mode:
         gates(h)
     assert mode.ops == ([] if forced else flag_ops.ops) and (forced or mode.ops)

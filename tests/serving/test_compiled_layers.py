@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from torch._dynamo import list_backends, register_backend
 
 from specfold_compile.serving import BatchGraphs, Engine, RequestParams
-from specfold_compile.reference import FOLDED_PIECES
+from specfold_compile.reference import FOLDED_PIECES, fold_test
 from specfold_compile.serving.compiled import (POSITION_WISE, base_model, check_compile_layers, compiled_model,
-                                               folded_pieces)
+                                               folded_pieces, gate_test)
 from specfold_compile.testing import TINY_FAMILIES as FAMILIES, assert_close, tiny_model
 
 GRAPHS: list = []  # what the counting backend compiled
@@ -93,6 +93,27 @@ def test_compiled_folded_pieces_compute_the_reference_pieces(family):
                 for x, y in zip(*((got, want) if isinstance(got, tuple) else ((got,), (want,)))):
                     assert_close(x, y)
     assert len(GRAPHS) - graphs <= len(FOLDED_PIECES)
+
+
+def test_compiled_gate_test_decides_as_the_eager_one():
+    """The gates' fold test compiled (``compiled.gate_test``) folds what the eager test folds, on residual
+    streams whose ratios lie far from tau (near it, rounding may decide either way), across row counts
+    with one graph."""
+    model = tiny_model(FAMILIES[0])
+    test, graphs = gate_test(compiled_model(model, "counting")), len(GRAPHS)
+    assert gate_test(model) is fold_test and test is not fold_test
+    gen, tau = torch.Generator().manual_seed(1), torch.tensor(0.3)
+    for rows in (5, 9):
+        parent = torch.tensor([0] + [int(torch.randint(0, n, (), generator=gen)) for n in range(1, rows)])
+        h = torch.randn(rows, 16, 24, generator=gen)
+        direction = torch.randn(h.shape, generator=gen)
+        direction = direction / direction.norm(dim=-1, keepdim=True)
+        ratio = torch.where(torch.rand(rows, 16, 1, generator=gen) < 0.5, 0.1, 0.6)  # 1/3 or 2x tau
+        for n in range(1, rows):
+            h[n] = h[parent[n]] + ratio[n] * h[parent[n]].norm(dim=-1, keepdim=True) * direction[n]
+        want = fold_test(h, parent, tau)
+        assert torch.equal(test(h, parent, tau), want) and 0 < int(want.sum()) < rows * 16
+    assert len(GRAPHS) - graphs <= 1
 
 
 WORKLOAD = [(torch.randint(0, 90, (n,), generator=torch.Generator().manual_seed(n)),
