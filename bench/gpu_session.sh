@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|gate|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|gate_kernel|shipped|trace_driven|grid|boundaries|budgets|heads|cli [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|gate|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|gate_kernel|baseline_ab|shipped|trace_driven|grid|boundaries|budgets|heads|cli [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -204,6 +204,27 @@ case "$part" in
                         --models "$m" --attention ragged --cuda-graphs on --fold-capacity record --gate-kernel $gk \
                         --modes specfold_compiled --concurrency 1,4,16,64 --repeats 3 "${pool[@]}" \
                         --out "$OUT/gate_kernel_${m}_${gk}_$r.json" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
+                    done; done
+                  done ;;
+  baseline_ab)    # the engine's replayed SpecFold under Inductor from this tree against a baseline package tree, one
+                  # process each, alternating twice (as gate_kernel): BASELINE=DIR holds the baseline's package, made
+                  # on the CPU with git archive REV specfold_compile | tar -x -C DIR (an ignored folder carried to the
+                  # GPU machine, e.g. .traces/baseline); first the compiled engine's captured graphs against its
+                  # launched passes (graphs_check --only compiled); one shape per call: BATCHED_MODELS=...;
+                  # BATCHED_CONCURRENCY (1,4,16); ~1.5 min a process at 1.5B on an H100 with warm compiles
+                  base=${BASELINE:?BASELINE=DIR: a folder holding the baseline package specfold_compile/}
+                  [ -d "$base/specfold_compile" ] || { echo "BASELINE=$base: no specfold_compile/ in it" >&2; exit 2; }
+                  ln -sfn "$PWD/bench" "$base/bench"  # the baseline runs this tree's benchmark
+                  python bench/graphs_check.py --device cuda --only compiled 2>&1 | tail -n 8 | tee -a "$OUT/log.txt"
+                  trace=$(realpath "${BATCHED_TRACE:-.traces/batched_trace.pt}") out=$(realpath "$OUT")
+                  for m in ${BATCHED_MODELS:-fast-dllm-v2-1.5b}; do
+                    pool=(); [ "$m" = fast-dllm-v2-7b ] && pool=(--pool-tokens 4096)
+                    for r in 1 2; do for tree in . "$base"; do
+                      tag=$([ "$tree" = . ] && echo tree || echo baseline)
+                      (cd "$tree" && python -m bench.batched replay --trace "$trace" --device cuda --models "$m" \
+                        --attention ragged --cuda-graphs on --fold-capacity record --modes specfold_compiled \
+                        --concurrency "${BATCHED_CONCURRENCY:-1,4,16}" --repeats 3 "${pool[@]}" \
+                        --out "$out/ab_${m}_${tag}_$r.json" "${extra[@]}") 2>&1 | tee -a "$OUT/log.txt"
                     done; done
                   done ;;
   shipped)        # whole decodes of the shipped model, every mode in one process (~2.5 min on an H100): the Python
