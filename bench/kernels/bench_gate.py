@@ -12,9 +12,10 @@ the rows of several requests of N branches each (``--ns``, default 17), 1 to 64 
 padded as the engine pads them. The whole gate (its tensor-op flags, the padding folded, the resolution
 and packing, the overflow flag and the slots' clamp) with the resolve kernel (``kernel_ms``, at every
 size: ``engine_takes_kernel`` says whether the engine would take it) and with tensor ops
-(``tensor_ops_ms``); the flags alone (``flags_ms``) and the kernel's flag launch on the same rows
-(``flags_kernel_ms``): what a gate costs a forward, by rows, and what is left to fuse. The two paths'
-outputs are checked equal (``mismatches``)."""
+(``tensor_ops_ms``); its fold test alone (``reference.fold_test``: ``flags_ms`` launched eagerly,
+``flags_compiled_ms`` compiled by Inductor as the engine runs it under ``compile_layers``, on CUDA only)
+and the kernel's flag launch on the same rows (``flags_kernel_ms``): what a gate costs a forward, by
+rows, and what is left to fuse. The two paths' outputs are checked equal (``mismatches``)."""
 from __future__ import annotations
 
 from bench.kernels import _common as C  # first: sets TRITON_INTERPRET on CPU before the kernels import
@@ -26,7 +27,7 @@ import triton
 
 from specfold_compile.kernels import gate
 from specfold_compile.kernels.gate import fold_gate, resolve_folds
-from specfold_compile.kernels.gate_ref import fold_gate_ref, resolve_folds_ref
+from specfold_compile.kernels.gate_ref import fold_gate_ref, fold_test, resolve_folds_ref
 
 
 def make_problem(N, B, Cdim, tau, dev, dt, gen):
@@ -81,6 +82,7 @@ def serving_gates(args, models, block, ns) -> list[dict]:
     from specfold_compile.serving.graphs import row_bucket
 
     dev, gen, rows = C.device(), torch.Generator().manual_seed(0), []
+    compiled_test = torch.compile(fold_test, dynamic=True)  # (compiles on its first call, before timing)
     tau = torch.tensor(0.1, device=dev)
     n = ns[0] if args.ns else (2 if args.quick else 17)
     for mname, m in models.items():
@@ -101,12 +103,15 @@ def serving_gates(args, models, block, ns) -> list[dict]:
                 return gates[path](h)
 
             outs = {path: call(path) + (gates[path].masks[0],) for path in gates}
+            parent = gates["kernel"].chains.parent
             mism = sum(int((a != b).sum()) for a, b in zip(outs["kernel"], outs["tensor_ops"]))
             rows.append(dict(model=mname, requests=q, N=n, rows=r_pad, B=block, C=m["hidden"],
                              engine_takes_kernel=r_pad * block <= capacity_gates.KERNEL_TILE_MAX, mismatches=mism,
                              kernel_ms=C.bench(lambda: call("kernel"), args.quick),
                              tensor_ops_ms=C.bench(lambda: call("tensor_ops"), args.quick),
-                             flags_ms=C.bench(lambda: gates["kernel"].chains.flags(h, tau), args.quick),
+                             flags_ms=C.bench(lambda: fold_test(h, parent, tau), args.quick),
+                             flags_compiled_ms=C.bench(lambda: compiled_test(h, parent, tau), args.quick)
+                             if torch.device(dev).type == "cuda" else None,
                              flags_kernel_ms=C.bench(lambda: gate._fold_flags(h, parents, tau), args.quick)))
     return rows
 
