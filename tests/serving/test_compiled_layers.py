@@ -79,7 +79,7 @@ def test_compiled_folded_pieces_compute_the_reference_pieces(family):
     layers, pieces = folded_pieces(view)
     assert layers is model.layers and folded_pieces(model) == (model.layers, FOLDED_PIECES)
     cfg, gen = model.config, torch.Generator().manual_seed(0)
-    block, graphs = int(cfg.block_size), len(GRAPHS)
+    block, graphs, calls = int(cfg.block_size), len(GRAPHS), CALLS[0]
     for rows, packed in ((5, 40), (7, 70)):  # (flat sizes unlike the model's: no duck-shaped specialization)
         h = torch.randn(rows, block, cfg.hidden_size, generator=gen)
         tables = model.position_tables(torch.arange(rows * block) + 7)  # any table a flat position
@@ -93,6 +93,7 @@ def test_compiled_folded_pieces_compute_the_reference_pieces(family):
                 for x, y in zip(*((got, want) if isinstance(got, tuple) else ((got,), (want,)))):
                     assert_close(x, y)
     assert len(GRAPHS) - graphs <= len(FOLDED_PIECES)
+    assert CALLS[0] - calls == 2 * len(layers) * len(FOLDED_PIECES)  # every piece ran compiled
 
 
 def test_compiled_gate_test_decides_as_the_eager_one():
@@ -100,7 +101,7 @@ def test_compiled_gate_test_decides_as_the_eager_one():
     streams whose ratios lie far from tau (near it, rounding may decide either way), across row counts
     with one graph."""
     model = tiny_model(FAMILIES[0])
-    test, graphs = gate_test(compiled_model(model, "counting")), len(GRAPHS)
+    test, graphs, calls = gate_test(compiled_model(model, "counting")), len(GRAPHS), CALLS[0]
     assert gate_test(model) is fold_test and test is not fold_test
     gen, tau = torch.Generator().manual_seed(1), torch.tensor(0.3)
     for rows in (5, 9):
@@ -113,7 +114,7 @@ def test_compiled_gate_test_decides_as_the_eager_one():
             h[n] = h[parent[n]] + ratio[n] * h[parent[n]].norm(dim=-1, keepdim=True) * direction[n]
         want = fold_test(h, parent, tau)
         assert torch.equal(test(h, parent, tau), want) and 0 < int(want.sum()) < rows * 16
-    assert len(GRAPHS) - graphs <= 1
+    assert len(GRAPHS) - graphs <= 1 and CALLS[0] - calls == 2  # compiled, one graph
 
 
 WORKLOAD = [(torch.randint(0, 90, (n,), generator=torch.Generator().manual_seed(n)),
