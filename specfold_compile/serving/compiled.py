@@ -45,9 +45,9 @@ def check_compile_layers(value) -> str | None:
 
 
 @functools.cache
-def _compiled_piece(cls: type, name: str, backend: str):
-    """``cls.name`` (an unbound method) compiled once for every layer of that class and every view."""
-    return torch.compile(getattr(cls, name), dynamic=True, backend=backend)
+def _compiled(fn, backend: str):
+    """``fn`` compiled once for every layer, view and engine (a method unbound, the layer its argument)."""
+    return torch.compile(fn, dynamic=True, backend=backend)
 
 
 class _LayerView:
@@ -56,7 +56,7 @@ class _LayerView:
     def __init__(self, layer, backend: str):
         self._layer = layer
         for name in POSITION_WISE:
-            setattr(self, name, functools.partial(_compiled_piece(type(layer), name, backend), layer))
+            setattr(self, name, functools.partial(_compiled(getattr(type(layer), name), backend), layer))
 
     def __getattr__(self, name):
         return getattr(self._layer, name)
@@ -86,8 +86,7 @@ def _qkv_of_tensors(layer, h, rows, slot, cos, sin, q_scale):
 
 @functools.cache
 def _compiled_pieces(backend: str):
-    qkv, attn_out, mlp = (torch.compile(fn, dynamic=True, backend=backend)
-                          for fn in (_qkv_of_tensors, attn_residual, packed_mlp))
+    qkv, attn_out, mlp = (_compiled(fn, backend) for fn in (_qkv_of_tensors, attn_residual, packed_mlp))
 
     def packed_qkv_compiled(layer, h, rows, slot, tables):
         return qkv(layer, h, rows, slot, tables.cos, tables.sin, tables.q_scale)
@@ -105,17 +104,12 @@ def folded_pieces(model):
     return model.layers, FOLDED_PIECES
 
 
-@functools.cache
-def _compiled_test(backend: str):
-    return torch.compile(fold_test, dynamic=True, backend=backend)
-
-
 def gate_test(model):
     """The fold test the engine's gates run (``reference.fold_test``), compiled under a ``ModelView``: one
     or two fused kernels a gate where the eager test launches seven or eight ops. Its float32 norms may
     round otherwise than the eager ones, so a position within rounding of ``tau`` may fold one way or the
     other (as the compiled pieces' numbers differ by rounding)."""
-    return _compiled_test(model.backend) if isinstance(model, ModelView) else fold_test
+    return _compiled(fold_test, model.backend) if isinstance(model, ModelView) else fold_test
 
 
 def base_model(model):
