@@ -17,6 +17,7 @@ from .attention_ref import (
     merge_states,
     prefix_attention_ref,
 )
+from .folded_ragged_attention_ref import folded_ragged_attention_ref
 from .gate_ref import fold_flags_ref, fold_gate_from_flags_ref, fold_gate_ref, resolve_folds_ref
 from .packed_linear_ref import packed_linear_ref
 from .ragged_attention_ref import ragged_attention_ref
@@ -34,6 +35,7 @@ if _TRITON_IMPORT_ERROR is None:
         block_attention, branch_attention, one_pass_attention, prefix_attention, prefix_attention_states,
         slot_attention,
     )
+    from .folded_ragged_attention import folded_ragged_attention
     from .gate import fold_gate, fold_gate_from_flags, resolve_folds
     from .interpreter_bf16 import refuse_broken_bf16
     from .packed_linear import packed_linear
@@ -60,6 +62,7 @@ else:
     slot_attention = _missing("slot_attention")
     packed_linear = _missing("packed_linear")
     ragged_attention = _missing("ragged_attention")
+    folded_ragged_attention = _missing("folded_ragged_attention")
     silu_mul = _missing("silu_mul")
 
 
@@ -91,4 +94,5 @@ __all__ = [
     "slot_attention",
     "prefix_attention_ref", "block_attention_ref", "branch_attention_ref", "merge_states", "merge_split_states",
     "packed_linear", "packed_linear_ref", "silu_mul", "silu_mul_ref", "ragged_attention", "ragged_attention_ref",
+    "folded_ragged_attention", "folded_ragged_attention_ref",
 ]

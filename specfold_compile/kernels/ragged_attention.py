@@ -167,13 +167,24 @@ def _explain_bad_inputs(q, k, v, k_pool, v_pool, bounds, slots, lengths) -> None
     expect(k.dim() == 4 and k.shape[:2] == (R, B) and k.shape[-1] == D and k.shape[2] >= 1
            and Hq % k.shape[2] == 0, "k", f"[{R}, {B}, Hkv, {D}] with Hkv dividing Hq = {Hq}", tuple(k.shape))
     expect(v.shape == k.shape, "v", f"k's shape {tuple(k.shape)}", tuple(v.shape))
-    Hkv = k.shape[2]
+    for name, t in (("k", k), ("v", v)):
+        expect(t.dtype == q.dtype, name, f"q's dtype {q.dtype}", t.dtype)
+        expect(t.device == q.device, name, f"q's device {q.device}", t.device)
+    check_pool_and_requests(q, "q", k.shape[2], k_pool, v_pool, bounds, slots, lengths)
+    _check_last_contig(q=q, k=k, v=v, k_pool=k_pool, v_pool=v_pool)
+
+
+def check_pool_and_requests(q, q_name: str, Hkv: int, k_pool, v_pool, bounds, slots, lengths) -> None:
+    """The pool's and the requests' checks of the ragged kernels: k_pool, v_pool [slots, Hkv, capacity, D]
+    of ``q``'s dtype and device (``q_name`` names it in the errors), bounds / slots / lengths integer [n + 1]
+    / [n] / [n] on its device (metadata only: their values stay on the device)."""
+    D = q.shape[-1]
     expect(k_pool.dim() == 4 and k_pool.shape[1] == Hkv and k_pool.shape[-1] == D, "k_pool",
            f"[slots, {Hkv}, capacity, {D}]", tuple(k_pool.shape))
     expect(v_pool.shape == k_pool.shape, "v_pool", f"k_pool's shape {tuple(k_pool.shape)}", tuple(v_pool.shape))
-    for name, t in (("k", k), ("v", v), ("k_pool", k_pool), ("v_pool", v_pool)):
-        expect(t.dtype == q.dtype, name, f"q's dtype {q.dtype}", t.dtype)
-        expect(t.device == q.device, name, f"q's device {q.device}", t.device)
+    for name, t in (("k_pool", k_pool), ("v_pool", v_pool)):
+        expect(t.dtype == q.dtype, name, f"{q_name}'s dtype {q.dtype}", t.dtype)
+        expect(t.device == q.device, name, f"{q_name}'s device {q.device}", t.device)
     expect(isinstance(bounds, torch.Tensor) and bounds.dim() == 1 and bounds.shape[0] >= 2, "bounds",
            "[requests + 1] row offsets (bounds[0] = 0, bounds[-1] = R)",
            tuple(bounds.shape) if isinstance(bounds, torch.Tensor) else type(bounds).__name__)
@@ -181,7 +192,6 @@ def _explain_bad_inputs(q, k, v, k_pool, v_pool, bounds, slots, lengths) -> None
     _check_index(bounds, "bounds", n_req + 1, q.device)
     _check_index(slots, "slots", n_req, q.device)
     _check_index(lengths, "lengths", n_req, q.device)
-    _check_last_contig(q=q, k=k, v=v, k_pool=k_pool, v_pool=v_pool)
 
 
 def ragged_splits(R: int, B: int, q_heads: int, kv_heads: int, capacity: int, device: torch.device,

@@ -7,7 +7,9 @@
   position-wise / mixing split of a decoder layer exact instead of pattern-matched.
 * ``specfold::ragged_attention`` is the serving engine's batched form of it: the concatenated rows of
   several requests, each request's rows against its own prefix in the ``KVPool`` (slot and length per
-  request, device tensors), in one launch, two for a split prefix (``kernels/ragged_attention.py``).
+  request, device tensors), in one launch, two for a split prefix (``kernels/ragged_attention.py``);
+  ``specfold::folded_ragged_attention`` the same for a folded forward, read from its packed rows (each
+  computed position's prefix walked once, ``kernels/folded_ragged_attention.py``).
 
 All are ``torch.library.custom_op`` with fake implementations, so a rewritten graph can be traced again.
 
@@ -111,3 +113,26 @@ def ragged_attention(q: Tensor, k: Tensor, v: Tensor, k_pool: Tensor, v_pool: Te
 @ragged_attention.register_fake
 def _ragged_attention_fake(q, k, v, k_pool, v_pool, bounds, slots, lengths, scale, causal=False):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("specfold::folded_ragged_attention", mutates_args=())
+def folded_ragged_attention(q_p: Tensor, k_p: Tensor, v_p: Tensor, rows: Tensor, slot: Tensor, k_pool: Tensor,
+                            v_pool: Tensor, bounds: Tensor, slots: Tensor, lengths: Tensor, scale: float) -> Tensor:
+    """``ragged_attention`` of a folded forward, read from its packed rows: q_p [P, Hq, D], k_p, v_p
+    [P, Hkv, D] the computed positions' q, k, v (``rows`` [P]: each one's flat position ``n * B + b``),
+    ``slot`` [R, B] the packed row every position takes (its origin's); the rest as ``ragged_attention``.
+    Returns [R, B, Hq, D], ``ragged_attention(q_p[slot], k_p[slot], v_p[slot], ...)`` up to rounding:
+    each packed row's prefix is walked once (a folded position's prefix state is its origin's), then every
+    position's own branch block is merged in (``kernels/folded_ragged_attention.py``; two launches).
+
+    The Triton kernels run on CUDA and under the interpreter; elsewhere the pure-torch twin does."""
+    if triton_runs(q_p.device):
+        return kernels.folded_ragged_attention(q_p, k_p, v_p, rows, slot, k_pool, v_pool, bounds, slots, lengths,
+                                               scale, tuning=H200.attention)
+    return kernels.folded_ragged_attention_ref(q_p, k_p, v_p, rows, slot, k_pool, v_pool, bounds, slots, lengths,
+                                               scale)
+
+
+@folded_ragged_attention.register_fake
+def _folded_ragged_attention_fake(q_p, k_p, v_p, rows, slot, k_pool, v_pool, bounds, slots, lengths, scale):
+    return q_p.new_empty((slot.shape[0], slot.shape[1], q_p.shape[1], q_p.shape[2]))

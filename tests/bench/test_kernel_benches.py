@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ("bench_gate.py", ["--serving"]),
     ("bench_packed_linear.py", []),
     ("bench_ragged_attention.py", []),
+    ("bench_folded_ragged_attention.py", []),
 ])
 def test_kernel_benchmark_quick(script, extra, tmp_path):
     out = tmp_path / "out.json"

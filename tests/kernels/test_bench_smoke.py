@@ -10,7 +10,7 @@ pytest.importorskip("triton")
 @pytest.mark.parametrize("name, flags", [("bench_gate", ()), ("bench_attention", ()),
                                          ("bench_attention", ("--split-sweep",)), ("bench_attention", ("--one-pass-sweep",)),
                                          ("bench_packed_linear", ()), ("bench_ragged_attention", ()),
-                                         ("bench_ragged_attention", ("--splits", "2")),
+                                         ("bench_ragged_attention", ("--splits", "2")), ("bench_folded_ragged_attention", ()),
                                          ("check_all", ())])
 def test_bench_quick(name, flags, tmp_path):
     mod = importlib.import_module(f"bench.kernels.{name}")
