@@ -291,7 +291,8 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
         graphs = BatchGraphs(model, max(args.concurrency), args.capacity, "cuda" if cuda else "eager",
                              **({} if capacity is None else {"fold_capacity": capacity[1]}),
                              min_packed=args.min_packed, capacity_spread=args.capacity_spread,
-                             compile_layers=compile_layers, gate_kernel=None if args.gate_kernel == "auto" else False)
+                             compile_layers=compile_layers, gate_kernel=None if args.gate_kernel == "auto" else False,
+                             packed_attention=args.packed_attention == "on")
     t0 = time.perf_counter()
     # warm-up (compiles; a single request's row counts of 1 too, which dynamic shapes specialize)
     warm = args.concurrency if graphed else {max(args.concurrency), 1}
@@ -335,7 +336,8 @@ def _replay_mode(model, name: str, mode: str, kind: str, attention: str, workloa
                "max_verify_rows": None if kind == "vanilla" else args.max_verify_rows, "freeze_gc": args.freeze_gc}
         if capacity is not None:
             row.update(fold_capacity=capacity[0], fold_shares=capacity[1], min_packed=args.min_packed,
-                       capacity_spread=args.capacity_spread, gate_kernel=graphs.gate_kernel)
+                       capacity_spread=args.capacity_spread, gate_kernel=graphs.gate_kernel,
+                       packed_attention=graphs.packed_attention)
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.freeze_gc:

@@ -1,12 +1,13 @@
 """bench.batched's SpecFold graph capacities: the ``--fold-capacity``, ``--min-packed``,
-``--capacity-spread`` and ``--gate-kernel`` arguments (``serving.graphs.BatchGraphs``' ``fold_capacity``,
-``min_packed``, ``capacity_spread`` and ``gate_kernel``), and each ``--fold-capacity`` value's shares."""
+``--capacity-spread``, ``--gate-kernel`` and ``--packed-attention`` arguments (``serving.graphs.BatchGraphs``'
+``fold_capacity``, ``min_packed``, ``capacity_spread``, ``gate_kernel`` and ``packed_attention``), and each
+``--fold-capacity`` value's shares."""
 
 from __future__ import annotations
 
 
 def add_capacity_arguments(ap) -> None:
-    """The four arguments, on ``bench.batched``'s parser."""
+    """The five arguments, on ``bench.batched``'s parser."""
     ap.add_argument("--fold-capacity", default="0.5",
                     help="replay with --cuda-graphs on, SpecFold: the share of draft positions a graph's gate packs, "
                          "comma-separated values each a number in (0, 1] or 'record' / 'record:MARGIN' (a share a "
@@ -21,6 +22,10 @@ def add_capacity_arguments(ap) -> None:
     ap.add_argument("--gate-kernel", choices=("auto", "off"), default="auto",
                     help="replay with --cuda-graphs on, SpecFold: how the gates resolve and pack; auto: the Triton "
                          "kernel wherever Triton runs, off: tensor ops (BatchGraphs(gate_kernel=False))")
+    ap.add_argument("--packed-attention", choices=("off", "on"), default="off",
+                    help="replay with --cuda-graphs on, SpecFold: on: the attention reads the packed rows, each "
+                         "computed position's prefix walked once (BatchGraphs(packed_attention=True)); off: every "
+                         "position's q, k, v")
 
 
 def parse_capacity_arguments(ap, args) -> None:

@@ -10,7 +10,7 @@
 # backend compiles alongside the folded one for few-branch calls). $OUT sub-folder names: letters,
 # digits, '.', '_', '-' only (the device tool drops other names).
 set -euo pipefail
-part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|gate|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|gate_kernel|baseline_ab|shipped|trace_driven|grid|boundaries|budgets|heads|cli [ARGS...]}
+part=${1:?usage: bash bench/gpu_session.sh check|per_check_1.5b|per_check_7b|per_check_nld|per_check_split|gate|unfused|fold_head|writes|memory|end_to_end|breakdown|kernels|attention_sweep|split_sweep|per_check_2048|one_pass_sweep|one_pass|kernels_linear|gate_flags|min_spill|dense_fraction|logit_positions|launched|launch|decode_loop|batched|batched_rows|batched_loop|gate_kernel|baseline_ab|packed_attention|shipped|trace_driven|grid|boundaries|budgets|heads|cli [ARGS...]}
 shift
 export OUT="${OUT:-bench/results}/$part"
 mkdir -p "$OUT"
@@ -225,6 +225,23 @@ case "$part" in
                         --attention ragged --cuda-graphs on --fold-capacity record --modes specfold_compiled \
                         --concurrency "${BATCHED_CONCURRENCY:-1,4,16}" --repeats 3 "${pool[@]}" \
                         --out "$out/ab_${m}_${tag}_$r.json" "${extra[@]}") 2>&1 | tee -a "$OUT/log.txt"
+                    done; done
+                  done ;;
+  packed_attention) # SpecFold's attention over the packed rows (--packed-attention on) against every position's (off):
+                  # the kernels alone (bench_folded_ragged_attention: prefixes 512 / 2048, 1-64 requests, ratios
+                  # 0.2 / 0.5), the compiled engine's graphs with it against its launched passes (graphs_check
+                  # --only packed-attention), then the engine, one process each way, alternating twice, the default
+                  # record; one shape per call: BATCHED_MODELS=...; BATCHED_CONCURRENCY (1,4,16)
+                  python -m bench.kernels.bench_folded_ragged_attention --out "$OUT/bench_folded_ragged_attention.json" \
+                    2>&1 | grep "^folded ragged" | tee -a "$OUT/log.txt"
+                  python bench/graphs_check.py --device cuda --only "packed attention" 2>&1 | tail -n 8 | tee -a "$OUT/log.txt"
+                  for m in ${BATCHED_MODELS:-fast-dllm-v2-1.5b}; do
+                    pool=(); [ "$m" = fast-dllm-v2-7b ] && pool=(--pool-tokens 4096)
+                    for r in 1 2; do for pa in off on; do
+                      python -m bench.batched replay --trace "${BATCHED_TRACE:-.traces/batched_trace.pt}" --device cuda \
+                        --models "$m" --attention ragged --cuda-graphs on --fold-capacity record --packed-attention $pa \
+                        --modes specfold_compiled --concurrency "${BATCHED_CONCURRENCY:-1,4,16}" --repeats 3 "${pool[@]}" \
+                        --out "$OUT/packed_attention_${m}_${pa}_$r.json" "${extra[@]}" 2>&1 | tee -a "$OUT/log.txt"
                     done; done
                   done ;;
   shipped)        # whole decodes of the shipped model, every mode in one process (~2.5 min on an H100): the Python

@@ -52,6 +52,7 @@ def serving_series(row: dict) -> str:
     kernel (``attention="ragged"``; the plain mode name is per-request attention), ``+graphs``, SpecFold's
     packing capacity other than the default, a bound on the drafts a call and on the rows a forward
     (``Engine(max_verify_rows=)``), SpecFold's replayed gates by tensor ops (``BatchGraphs(gate_kernel=False)``),
+    its attention over the packed rows (``BatchGraphs(packed_attention=True)``),
     every row built after a block write's seeds are read (the engine's ``rows_ahead`` off), and the engine's
     device loop (``Engine(loop="device")``)."""
     return row["mode"] + ("+ragged" if row.get("attention") == "ragged" else "") + (
@@ -60,6 +61,7 @@ def serving_series(row: dict) -> str:
         f"+drafts {drafts_bound(row)}" if drafts_bound(row) is not None else "") + (
         f"+rows {row['max_verify_rows']}" if row.get("max_verify_rows") is not None else "") + (
         "+tensor-op gates" if row.get("gate_kernel") is False else "") + (
+        "+packed attention" if row.get("packed_attention") else "") + (
         "+no rows ahead" if row.get("rows_ahead") is False else "") + (
         f"+{loop_label(row)}" if loop_label(row) else "")
 
@@ -333,11 +335,13 @@ def _point(row: dict) -> tuple:
     side) or a batched one (``concurrency``, ``arrival``, ``attention``,
     its graphs, capacity, bounds on drafts and rows, its loop, ``loop_label``, whether its rows were
     built after each block write (a row without ``rows_ahead`` had them built ahead where they could be)
-    and whether its gates took the tensor ops by choice, ``gate_kernel`` False)."""
+    whether its gates took the tensor ops by choice, ``gate_kernel`` False, and whether its attention read
+    the packed rows, ``packed_attention``)."""
     return tuple(row.get(k) for k in ("model", "prefix", "n_branches", "mode", "target_ratio", "what", "part", "task",
                                       "trace_driven", "fuse_boundaries", "concurrency", "arrival", "attention",
                                       "cuda_graphs", "fold_capacity", "max_verify_rows", "repeat")) + (
-        drafts_bound(row), loop_label(row), row.get("rows_ahead") is False, row.get("gate_kernel") is False)
+        drafts_bound(row), loop_label(row), row.get("rows_ahead") is False, row.get("gate_kernel") is False,
+        bool(row.get("packed_attention")))
 
 
 def merge_results(out: str | Path, inputs: list[str | Path]) -> Path:

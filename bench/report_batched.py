@@ -28,6 +28,8 @@ def _series_label(series: str) -> str:
         return _series_label(series.removesuffix("+no rows ahead")) + ", rows built after each write"
     if series.endswith("+tensor-op gates"):  # BatchGraphs(gate_kernel=False)
         return _series_label(series.removesuffix("+tensor-op gates")) + ", gates by tensor ops"
+    if series.endswith("+packed attention"):  # BatchGraphs(packed_attention=True)
+        return _series_label(series.removesuffix("+packed attention")) + ", attention over the packed rows"
     mode, *paths = series.split("+")
     rows = next((p.removeprefix("rows ") for p in paths if p.startswith("rows ")), None)
     if rows is not None:  # Engine(max_verify_rows=R): drafts cut under load

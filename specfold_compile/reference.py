@@ -6,8 +6,9 @@ origin map and the packing written out. Clarity beats speed here.
 The pieces are shared with the serving engine's batched folded verification
 (``serving.folded.verify_batch_folded``), which runs them over the rows of several requests at once:
 ``FoldGates`` (gate -> origin -> packing, one call per gate), ``folded_layers`` (the decoder layers over
-the packed rows, attention through a callable, the position-wise parts through ``FOLDED_PIECES``) and
-``packed_tables`` (the RoPE tables of the packed rows).
+the packed rows, attention through a callable, the position-wise parts through ``FOLDED_PIECES``, or
+``PACKED_ATTENTION_PIECES`` where the attention reads the packed rows itself) and ``packed_tables`` (the
+RoPE tables of the packed rows).
 """
 
 from __future__ import annotations
@@ -23,12 +24,16 @@ from .kernels.gate_ref import FoldChains, chain_depth, fold_test
 from .models.transformer import BlockDiffusionLM, PositionTables, PrefixCache
 
 __all__ = ["folded_verify", "check_tau", "gate_count", "FoldGates", "folded_layers", "packed_tables", "GATES",
-           "chain_depth", "FoldChains", "fold_test", "packed_qkv", "attn_residual", "packed_mlp", "FOLDED_PIECES"]
+           "chain_depth", "FoldChains", "fold_test", "packed_qkv", "attn_residual", "packed_mlp", "FOLDED_PIECES",
+           "packed_qkv_rows", "PACKED_ATTENTION_PIECES"]
 
 GATES = ("layer", "sublayer")
 
-# attend(layer_index, layer, q, k, v) -> o: every row's attention, q [N, B, Hq, D], k/v [N, B, Hkv, D]
-Attend = Callable[[int, torch.nn.Module, Tensor, Tensor, Tensor], Tensor]
+# attend(layer_index, layer, q, k, v, rows, slot) -> o [N, B, Hq, D]: every position's attention, from the q, k,
+# v that the folded layer's qkv piece gives (every position's, [N, B, H, D], with ``FOLDED_PIECES``; the packed
+# rows', [P, H, D], with ``PACKED_ATTENTION_PIECES``), the computed rows (flat n * B + b) and each position's
+# origin slot among them [N, B]; an attention over every position's q, k, v needs neither
+Attend = Callable[[int, torch.nn.Module, Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 def check_tau(tau: float | Tensor) -> Tensor:
@@ -106,8 +111,14 @@ def packed_qkv(layer, h: Tensor, rows: Tensor, slot: Tensor, tables: PositionTab
     """The attention sublayer's position-wise part on the computed rows only (``rows``, flat ``n * B + b``
     indices into ``h`` [N, B, C] and ``tables``, one entry a flat position), every position taking its
     origin's q, k, v (``slot``, [N, B]): q [N, B, Hq, D], k, v [N, B, Hkv, D]."""
-    q_p, k_p, v_p = layer.qkv(h.reshape(-1, h.shape[-1])[rows], packed_tables(tables, rows))  # [R, H, D]
+    q_p, k_p, v_p = packed_qkv_rows(layer, h, rows, slot, tables)  # [P, H, D]
     return q_p[slot], k_p[slot], v_p[slot]
+
+
+def packed_qkv_rows(layer, h: Tensor, rows: Tensor, slot: Tensor, tables: PositionTables):
+    """``packed_qkv`` left packed, for an attention that reads each position's origin through ``slot``
+    itself: the computed rows' q [P, Hq, D], k, v [P, Hkv, D] (``slot`` unused)."""
+    return layer.qkv(h.reshape(-1, h.shape[-1])[rows], packed_tables(tables, rows))
 
 
 def attn_residual(layer, h: Tensor, o: Tensor) -> Tensor:
@@ -125,6 +136,8 @@ def packed_mlp(layer, h_mid: Tensor, rows: Tensor, slot: Tensor) -> Tensor:
 # The folded layer's three position-wise pieces: (packed_qkv, attn_residual, packed_mlp). The serving
 # engine passes them compiled (``serving.compiled``), each a graph with its gathers fused.
 FOLDED_PIECES = (packed_qkv, attn_residual, packed_mlp)
+# The same with q, k, v left packed, for an attention over the packed rows (ops.folded_ragged_attention).
+PACKED_ATTENTION_PIECES = (packed_qkv_rows, attn_residual, packed_mlp)
 
 
 def folded_layers(layers, h: Tensor, gates: FoldGates, tables: PositionTables, attend: Attend,
@@ -134,15 +147,16 @@ def folded_layers(layers, h: Tensor, gates: FoldGates, tables: PositionTables, a
     tables of every flat position ``n * B + b``), every row attending with its (possibly inherited) q over
     the prefix and its own branch's k/v (``attend``), and the MLP on the computed rows, folded rows adding
     their origin's output to their own residual. ``gate="sublayer"`` re-gates the MLP at ``h_mid``.
-    ``pieces``: the three position-wise functions (``FOLDED_PIECES``, or the same compiled)."""
+    ``pieces``: the three position-wise functions (``FOLDED_PIECES``, or the same compiled; with
+    ``PACKED_ATTENTION_PIECES``, ``attend`` takes the packed rows' q, k, v)."""
     qkv, attn_out, mlp = pieces
     for index, layer in enumerate(layers):
         # Attention sublayer: position-wise part on the computed rows only. Folded rows take their
         # origin's q, k, v; every row attends over the shared prefix and its own branch's block (so a
         # recomputed position reaches the folded positions of its branch).
         rows, slot = gates(h)
-        q, k, v = qkv(layer, h, rows, slot, tables)  # [N, B, H, D]
-        h_mid = attn_out(layer, h, attend(index, layer, q, k, v))
+        q, k, v = qkv(layer, h, rows, slot, tables)  # [N, B, H, D] (packed: [P, H, D])
+        h_mid = attn_out(layer, h, attend(index, layer, q, k, v, rows, slot))
 
         # MLP sublayer: computed rows only; folded rows add their origin's output to their own residual.
         if gate == "sublayer":
@@ -174,7 +188,7 @@ def folded_verify(model: BlockDiffusionLM, tokens: Tensor, parents: Tensor, cach
     channels = h.shape[-1]
     pos = model.position_tables(torch.arange(block, device=tokens.device) + cache.length)
 
-    def attend(index, layer, q, k, v):
+    def attend(index, layer, q, k, v, rows, slot):
         return branch_attention_ref(q, k, v, cache.keys[index], cache.values[index], layer.scale,
                                     prefix_len=cache.device_length)
 

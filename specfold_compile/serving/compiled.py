@@ -23,7 +23,8 @@ import functools
 import torch
 
 from ..models.layers import PositionTables
-from ..reference import FOLDED_PIECES, attn_residual, fold_test, packed_mlp, packed_qkv
+from ..reference import (FOLDED_PIECES, PACKED_ATTENTION_PIECES, attn_residual, fold_test, packed_mlp, packed_qkv,
+                         packed_qkv_rows)
 
 __all__ = ["POSITION_WISE", "ModelView", "compiled_model", "check_compile_layers", "base_model", "folded_pieces",
            "gate_test"]
@@ -84,24 +85,31 @@ def _qkv_of_tensors(layer, h, rows, slot, cos, sin, q_scale):
     return packed_qkv(layer, h, rows, slot, PositionTables(cos, sin, q_scale))
 
 
+def _qkv_rows_of_tensors(layer, h, rows, slot, cos, sin, q_scale):
+    """``packed_qkv_rows`` likewise."""
+    return packed_qkv_rows(layer, h, rows, slot, PositionTables(cos, sin, q_scale))
+
+
 @functools.cache
-def _compiled_pieces(backend: str):
-    qkv, attn_out, mlp = (_compiled(fn, backend) for fn in (_qkv_of_tensors, attn_residual, packed_mlp))
+def _compiled_pieces(backend: str, packed_attention: bool):
+    qkv_fn = _qkv_rows_of_tensors if packed_attention else _qkv_of_tensors
+    qkv, attn_out, mlp = (_compiled(fn, backend) for fn in (qkv_fn, attn_residual, packed_mlp))
 
     def packed_qkv_compiled(layer, h, rows, slot, tables):
         return qkv(layer, h, rows, slot, tables.cos, tables.sin, tables.q_scale)
     return packed_qkv_compiled, attn_out, mlp
 
 
-def folded_pieces(model):
+def folded_pieces(model, packed_attention: bool = False):
     """The layers and position-wise pieces a folded forward of ``model`` runs (``reference.folded_layers``):
-    the model's layers and ``reference.FOLDED_PIECES``; under a ``ModelView`` the model's own layers and the
-    pieces compiled whole, each one graph for every layer and row count, so that the packed rows' gathers
-    (the residuals, the RoPE tables and each position's origin's q, k, v and MLP output) fuse with the
-    norms, RoPE and residual adds around the GEMMs."""
+    the model's layers and ``reference.FOLDED_PIECES`` (``packed_attention``: ``PACKED_ATTENTION_PIECES``,
+    q, k, v left packed for an attention over the packed rows); under a ``ModelView`` the model's own layers
+    and the pieces compiled whole, each one graph for every layer and row count, so that the packed rows'
+    gathers (the residuals, the RoPE tables and each position's origin's q, k, v and MLP output) fuse with
+    the norms, RoPE and residual adds around the GEMMs."""
     if isinstance(model, ModelView):
-        return model.model.layers, _compiled_pieces(model.backend)
-    return model.layers, FOLDED_PIECES
+        return model.model.layers, _compiled_pieces(model.backend, bool(packed_attention))
+    return model.layers, PACKED_ATTENTION_PIECES if packed_attention else FOLDED_PIECES
 
 
 def gate_test(model):

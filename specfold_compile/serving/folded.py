@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .. import ops
 from ..models.checks import validate_parents
 from ..models.layers import PositionTables
 from ..reference import FoldGates, chain_depth, check_gate, folded_layers, gate_count
@@ -86,7 +87,8 @@ def _forced_masks(fold_masks: list, counts: list[int], gates: int, block: int, d
 @torch.no_grad()
 def verify_batch_folded(model, pool: KVPool, slots: list[int], rows: list[Tensor], parents: list,
                         logit_positions: list[Tensor], tau: float, fold_masks: list | None = None,
-                        gate: str = "layer", attention: str = "per_request") -> tuple[list[Tensor], list[Tensor]]:
+                        gate: str = "layer", attention: str = "per_request",
+                        packed_attention: bool = False) -> tuple[list[Tensor], list[Tensor]]:
     """One folded verification forward for several requests (module docstring).
 
     ``rows[i]``: request ``i``'s tokens int64 ``[N_i, B]`` (row 0 its main branch), verified against the
@@ -95,13 +97,20 @@ def verify_batch_folded(model, pool: KVPool, slots: list[int], rows: list[Tensor
     p`` of its rows whose logits are wanted; ``tau``: the fold threshold (``>= 0``; 0 folds nothing);
     ``gate``: ``"layer"`` (one gate a decoder layer) or ``"sublayer"`` (the MLP re-gated at ``h_mid``).
     ``fold_masks[i]`` (optional, bool ``[G, N_i, B]``, G the gates): request ``i``'s folds forced instead
-    of gated (SPEC P4). ``attention``: ``"per_request"`` or ``"ragged"``, as in ``forward.verify_batch``.
+    of gated (SPEC P4). ``attention``: ``"per_request"`` or ``"ragged"``, as in ``forward.verify_batch``;
+    ``packed_attention`` (with ``"ragged"``): the attention reads the packed rows' q, k, v
+    (``ops.folded_ragged_attention``: each computed position's prefix walked once) instead of every
+    position's.
 
     Returns ``(logits, masks)``: each request's logits ``[M_i, V]`` at its ``logit_positions``, and each
     request's fold masks, bool ``[G, N_i, B]`` (gate ``g``'s mask of its rows), in the given order.
     """
     _check_lists(slots, rows, parents, logit_positions, fold_masks)
     check_gate(gate)
+    if not isinstance(packed_attention, bool):
+        raise ValueError(f"packed_attention: expected True or False, got {packed_attention!r}")
+    if packed_attention and attention != "ragged":
+        raise ValueError(f"packed_attention: True needs attention='ragged', got attention={attention!r}")
     counts = [int(r.shape[0]) for r in rows]
     block = int(rows[0].shape[1])
     tokens = torch.cat(rows)
@@ -117,10 +126,14 @@ def verify_batch_folded(model, pool: KVPool, slots: list[int], rows: list[Tensor
     flat = PositionTables(pos.cos.flatten(0, 1), pos.sin.flatten(0, 1),
                           None if pos.q_scale is None else pos.q_scale.flatten(0, 1))  # per flat row n * B + b
 
-    def attend(index, layer, q, k, v):
+    def attend(index, layer, q, k, v, packed_rows, slot):
+        if packed_attention:
+            return ops.folded_ragged_attention(q, k, v, packed_rows, slot, pool.keys[index], pool.values[index],
+                                               owners.device_bounds, owners.device_slots, owners.device_lengths,
+                                               layer.scale)
         return attend_requests(q, k, v, pool, index, owners, layer.scale, attention)
 
-    layers, pieces = folded_pieces(model)
+    layers, pieces = folded_pieces(model, packed_attention)
     h = folded_layers(layers, model.embed_tokens(tokens), gates, flat, attend, gate, pieces)
     logits = request_logits(model, h, bounds, logit_positions)
     return logits, list(torch.stack(gates.masks).split(counts, dim=1))

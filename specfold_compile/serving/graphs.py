@@ -164,12 +164,15 @@ class BatchGraphs:
     least; ``gate``: SpecFold's gates, as in ``folded.verify_batch_folded``; ``compile_layers``: the
     layers' position-wise pieces compiled (``compiled``' module docstring), captured compiled;
     ``gate_kernel``: how the SpecFold gates resolve and pack (``capacity_gates.check_gate_kernel``: None,
-    the default, by the Triton kernel wherever Triton runs; False by tensor ops)."""
+    the default, by the Triton kernel wherever Triton runs; False by tensor ops); ``packed_attention``:
+    SpecFold's attention reads the packed rows' q, k, v (``ops.folded_ragged_attention``: each computed
+    position's prefix walked once, two launches a layer) instead of every position's (``ops.ragged_attention``,
+    one launch)."""
 
     def __init__(self, model, max_requests: int, max_tokens_per_request: int, replay: str = "cuda",
                  fold_capacity: float | tuple[float, ...] = 0.5, gate: str = "layer", min_packed: int = MIN_PACKED,
                  capacity_spread: float = CAPACITY_SPREAD, compile_layers: bool | str = False,
-                 gate_kernel: bool | None = None):
+                 gate_kernel: bool | None = None, packed_attention: bool = False):
         if replay not in REPLAYS:
             raise ValueError(f"replay: expected one of {REPLAYS}, got {replay!r}")
         check_gate(gate)
@@ -182,6 +185,9 @@ class BatchGraphs:
                              f"spread / sqrt(draft rows)), got {capacity_spread!r}")
         self.compile_layers = check_compile_layers(compile_layers)
         self.gate_kernel = check_gate_kernel(gate_kernel, next(model.parameters()).device)
+        if not isinstance(packed_attention, bool):
+            raise ValueError(f"packed_attention: expected True or False, got {packed_attention!r}")
+        self.packed_attention = packed_attention
         self.model = compiled_model(model, self.compile_layers)
         self.replay, self.gate, self.min_packed = replay, gate, min_packed
         self.capacity_spread = float(capacity_spread)
@@ -304,8 +310,14 @@ class BatchGraphs:
         if folded:
             gates = CapacityGates(rest[0], block, depth, self._tau, capacity, rest[1].bool(), graph.masks_in,
                                   self.gate_kernel, gate_test(model))
-            layers, pieces = folded_pieces(model)
-            h = folded_layers(layers, h, gates, tables, attend, self.gate, pieces)
+            layers, pieces = folded_pieces(model, self.packed_attention)
+
+            def attend_folded(index, layer, q, k, v, packed_rows, slot):
+                if self.packed_attention:  # q, k, v of the packed rows
+                    return ops.folded_ragged_attention(q, k, v, packed_rows, slot, pool.keys[index],
+                                                       pool.values[index], bounds, slots, lengths, layer.scale)
+                return attend(index, layer, q, k, v)
+            h = folded_layers(layers, h, gates, tables, attend_folded, self.gate, pieces)
         else:
             pos = _by_row(tables, r_pad, block)
             for index, layer in enumerate(model.layers):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from torch._dynamo import list_backends, register_backend
 
 from specfold_compile.serving import BatchGraphs, Engine, RequestParams
-from specfold_compile.reference import FOLDED_PIECES, fold_test
+from specfold_compile.reference import FOLDED_PIECES, PACKED_ATTENTION_PIECES, fold_test
 from specfold_compile.serving.compiled import (POSITION_WISE, base_model, check_compile_layers, compiled_model,
                                                folded_pieces, gate_test)
 from specfold_compile.testing import TINY_FAMILIES as FAMILIES, assert_close, tiny_model
@@ -70,14 +70,16 @@ def test_compiled_pieces_compute_the_eager_pieces(family, rows, start, seed):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_compiled_folded_pieces_compute_the_reference_pieces(family):
+@pytest.mark.parametrize("packed_attention", [False, True])
+def test_compiled_folded_pieces_compute_the_reference_pieces(family, packed_attention):
     """A folded forward's pieces (``reference.FOLDED_PIECES``: gathers of the packed rows, RoPE tables and
-    origins included) compiled whole compute the eager pieces, one graph a piece for every layer and every
-    packed count."""
+    origins included; ``PACKED_ATTENTION_PIECES``, q, k, v left packed) compiled whole compute the eager
+    pieces, one graph a piece for every layer and every packed count."""
     model = tiny_model(family)
     view = compiled_model(model, "counting")
-    layers, pieces = folded_pieces(view)
-    assert layers is model.layers and folded_pieces(model) == (model.layers, FOLDED_PIECES)
+    reference = PACKED_ATTENTION_PIECES if packed_attention else FOLDED_PIECES
+    layers, pieces = folded_pieces(view, packed_attention)
+    assert layers is model.layers and folded_pieces(model, packed_attention) == (model.layers, reference)
     cfg, gen = model.config, torch.Generator().manual_seed(0)
     block, graphs, calls = int(cfg.block_size), len(GRAPHS), CALLS[0]
     for rows, packed in ((5, 40), (7, 70)):  # (flat sizes unlike the model's: no duck-shaped specialization)
@@ -88,7 +90,7 @@ def test_compiled_folded_pieces_compute_the_reference_pieces(family):
         for layer in layers:
             o = torch.randn(rows, block, layer.num_heads, layer.head_dim, generator=gen)
             args = ((layer, h, computed, slot, tables), (layer, h, o), (layer, h, computed, slot))
-            for mine, theirs, a in zip(pieces, FOLDED_PIECES, args):
+            for mine, theirs, a in zip(pieces, reference, args):
                 got, want = mine(*a), theirs(*a)
                 for x, y in zip(*((got, want) if isinstance(got, tuple) else ((got,), (want,)))):
                     assert_close(x, y)
