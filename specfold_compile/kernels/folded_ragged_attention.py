@@ -30,7 +30,7 @@ from . import _common
 from ._common import dot_precision, expect, interpreting, tl_dtype
 from .attention import _launch_block_kernel, _walk_prefix
 from .attention_checks import _check_block_inputs, _check_last_contig, _check_tuning
-from .attention_launch import prefix_splits
+from .attention_launch import _check_tile_config, prefix_splits
 from .attention_tuning import AttentionTuning
 from .interpreter_bf16 import refuse_broken_bf16
 from .ragged_attention import check_pool_and_requests
@@ -165,6 +165,8 @@ def folded_ragged_attention(q_p: torch.Tensor, k_p: torch.Tensor, v_p: torch.Ten
     _check_inputs(q_p, k_p, v_p, rows, slot, k_pool, v_pool, bounds, slots, lengths)
     refuse_broken_bf16(q_p.dtype, "folded ragged attention")
     _check_tuning(tuning, needed=False)
+    if config is not None:
+        _check_tile_config(config)
     if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
         raise ValueError(f"splits: expected None or an int >= 1, got {splits!r}")
     P, Hq, _ = q_p.shape

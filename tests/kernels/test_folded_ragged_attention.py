@@ -125,6 +125,7 @@ def test_bad_input_names_the_argument(index, bad, name):
 @pytest.mark.parametrize("kw, message", [
     (dict(splits=0), "^splits: expected None or an int >= 1, got 0"),
     (dict(tuning="fast"), "^tuning: expected an AttentionTuning"),
+    (dict(config=(16, 16, 3, 1)), "^config: expected"),
 ])
 def test_bad_options(kw, message):
     with pytest.raises(ValueError, match=message):
