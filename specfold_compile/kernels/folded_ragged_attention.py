@@ -11,8 +11,8 @@ request's prefix once per position. Here:
    (its request's first ``lengths[i]`` keys of pool slot ``slots[i]``) is too, so its prefix state (o, lse)
    is its origin's, the same numbers. One program takes a tile of (packed row, query head) pairs of one
    kv head, finds each row's request from ``bounds`` (row ``n`` of ``rows[p] // B``) and walks the prefix
-   of every request its tile holds (consecutive packed rows mostly share one; the rows of another request
-   keep their own state), writing one state a split of the capacity (flash-decoding, as
+   of every request its tile holds (consecutive packed rows mostly share one; each walk writes its own
+   request's rows), writing one state a split of the capacity (flash-decoding, as
    ``attention.prefix_attention_states``; split count from the shapes and capacity, never the lengths);
 2. ``attention.py``'s block kernel gives every position its attention over its own branch's block keys
    (``k_p, v_p`` through ``slot[n, :]``) merged with the prefix states of its origin, ``slot[n, b]``.
@@ -70,25 +70,25 @@ def _packed_prefix_kernel(
     q = tl.load(q_ptr + row64[:, None] * stride_qr + head[:, None] * stride_qh + dd[None, :],
                 mask=mvalid[:, None] & dmask[None, :], other=0.0).to(tl.float32)
     q_dot = q.to(DOT_T)
-    o = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    lse = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    o_rows = o_ptr + split.to(tl.int64) * stride_os + row64[:, None] * stride_or + head[:, None] * stride_oh
+    lse_rows = lse_ptr + split.to(tl.int64) * stride_ls + row64 * stride_lr + head * stride_lh
     r_lo = tl.min(tl.where(mvalid, req, NREQ), axis=0)
     r_hi = tl.max(tl.where(mvalid, req, -1), axis=0)
-    for r in range(r_lo, r_hi + 1):  # the tile's requests (usually one); other rows keep their state
+    # the tile's requests (usually one): each walk writes the states of its own request's rows only, so
+    # every valid row is written once and no second accumulator is kept
+    for r in range(r_lo, r_hi + 1):
         slot = tl.load(slots_ptr + r).to(tl.int64)
         p_lo = split * CHUNK
         p_hi = tl.minimum(p_lo + CHUNK, tl.minimum(tl.load(lens_ptr + r), CAP).to(tl.int32))
         m_i, l_i, acc = _walk_prefix(q_dot, kpool_ptr + slot * stride_kps + kvh * stride_kph,
                                      vpool_ptr + slot * stride_vps + kvh * stride_vph, stride_kpp, stride_vpp,
                                      p_lo, p_hi, scale, dd, dmask, BLOCK_M, BLOCK_P, BLOCK_D, DOT_T, PREC)
-        mine = req == r
+        mine = mvalid & (req == r)
         has = l_i > 0.0  # an empty range (past the length) is the empty state
-        o = tl.where((mine & has)[:, None], acc / tl.where(has, l_i, 1.0)[:, None], tl.where(mine[:, None], 0.0, o))
-        lse = tl.where(mine, tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf")), lse)
-    split64 = split.to(tl.int64)
-    tl.store(o_ptr + split64 * stride_os + row64[:, None] * stride_or + head[:, None] * stride_oh + dd[None, :],
-             o, mask=mvalid[:, None] & dmask[None, :])
-    tl.store(lse_ptr + split64 * stride_ls + row64 * stride_lr + head * stride_lh, lse, mask=mvalid)
+        o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
+        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+        tl.store(o_rows + dd[None, :], o, mask=mine[:, None] & dmask[None, :])
+        tl.store(lse_rows, lse, mask=mine)
 
 
 def packed_config() -> tuple[int, int, int, int]:

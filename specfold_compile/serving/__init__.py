@@ -17,7 +17,8 @@ Public API::
     KVPool(model, max_requests, max_tokens_per_request), PoolExhausted
     verify_batch_folded(model, pool, slots, rows, parents, logit_positions, tau)  # the folded forward
     BatchGraphs(model, max_requests, max_tokens_per_request, fold_capacity=0.5, min_packed=256,
-                capacity_spread=4.0, compile_layers=False, gate_kernel=None)  # the passes' CUDA graphs, shareable
+                capacity_spread=4.0, compile_layers=False, gate_kernel=None,
+                packed_attention=False)  # the passes' CUDA graphs, shareable
     capacity_from_masks([fold_masks, ...]) -> fold_capacity a gate, from earlier requests' fold masks
 """
 

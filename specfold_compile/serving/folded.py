@@ -9,7 +9,9 @@ concatenated, ``[R, B, C]``:
   none, so it never folds), and the computed rows of every request are packed into one batch for the
   position-wise parts (norms, q/k/v projections, RoPE, MLP), then scattered back through the origin map;
 * attention runs per request against its own pool slot (``forward.attend_requests``), every row with its
-  (possibly inherited) query over the slot's prefix and its own branch's block;
+  (possibly inherited) query over the slot's prefix and its own branch's block (with
+  ``packed_attention``, one ``ops.folded_ragged_attention`` a layer over the packed rows: each computed
+  position's prefix walked once, a folded position's prefix state being its origin's);
 * the final norm runs over every request's wanted rows at once, the LM head per request
   (``forward.request_logits``).
 
