@@ -28,23 +28,25 @@ def packed_calls(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_the_packed_attention_gives_the_ragged_paths_logits(family, packed_calls):
+@pytest.mark.parametrize("family, gate", [(FAMILIES[0], "layer"), (FAMILIES[1], "layer"), (FAMILIES[0], "sublayer")])
+def test_the_packed_attention_gives_the_ragged_paths_logits(family, gate, packed_calls):
     """Fold masks forced from the ragged path over every position: the same logits to float32 rounding (the
     prefix states merged in another order), empty prefixes and ragged branch counts included; one packed
-    attention a layer, over fewer rows than positions."""
+    attention a layer over the attention gate's computed rows (with ``gate="sublayer"`` the MLP's gate
+    packs its own)."""
     model = tiny_model(family)
     gen = torch.Generator().manual_seed(11)
     with torch.inference_mode():
         pool, _, slots, rows, parents, positions = _requests(model, [0, 17, 40], [1, 7, 4], gen)
-        base, masks = verify_batch_folded(model, pool, slots, rows, parents, positions, 0.2, attention="ragged")
+        base, masks = verify_batch_folded(model, pool, slots, rows, parents, positions, 0.2, gate=gate,
+                                          attention="ragged")
         assert packed_calls["calls"] == 0
         packed, again = verify_batch_folded(model, pool, slots, rows, parents, positions, 0.2, fold_masks=masks,
-                                            attention="ragged", packed_attention=True)
+                                            gate=gate, attention="ragged", packed_attention=True)
     assert any(m.any() for m in masks) and all(torch.equal(a, b) for a, b in zip(again, masks))
     assert packed_calls["calls"] == len(model.layers)
-    assert packed_calls["rows"] == sum(int((~m).sum()) for g in range(len(model.layers))
-                                       for m in (torch.cat([r[g] for r in masks]),))
+    attention_gates = range(0, len(masks[0]), 2 if gate == "sublayer" else 1)  # each layer's first gate
+    assert packed_calls["rows"] == sum(int((~torch.cat([r[g] for r in masks])).sum()) for g in attention_gates)
     for a, b in zip(packed, base):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
