@@ -1,5 +1,5 @@
-"""Input checks of the folded attention launchers: one-line errors naming the argument and what was
-expected, before any launch."""
+"""Input checks of the attention launchers (folded and ragged): one-line errors naming the argument and what
+was expected, before any launch."""
 from __future__ import annotations
 
 import torch
@@ -60,3 +60,30 @@ def _check_prefix_inputs(q, k_pre, v_pre, kv_heads: int | None = None):
            (k_pre.dtype, v_pre.dtype))
     _check_last_contig(k_pre=k_pre, v_pre=v_pre)
     refuse_broken_bf16(q.dtype, "attention")
+
+
+def _check_index(t, name: str, n: int, device) -> None:
+    expect(isinstance(t, torch.Tensor), name, "an integer tensor", type(t).__name__)
+    expect(t.dtype in (torch.int32, torch.int64), name, "an int32 or int64 tensor", t.dtype)
+    expect(t.dim() == 1 and t.shape[0] == n, name, f"[{n}]", tuple(t.shape))
+    expect(t.device == device, name, f"q's device {device}", t.device)
+
+
+def check_pool_and_requests(q, q_name: str, Hkv: int, k_pool, v_pool, bounds, slots, lengths) -> None:
+    """The pool's and the requests' checks of the ragged kernels: k_pool, v_pool [slots, Hkv, capacity, D]
+    of ``q``'s dtype and device (``q_name`` names it in the errors), bounds / slots / lengths integer [n + 1]
+    / [n] / [n] on its device (metadata only: their values stay on the device)."""
+    D = q.shape[-1]
+    expect(k_pool.dim() == 4 and k_pool.shape[1] == Hkv and k_pool.shape[-1] == D, "k_pool",
+           f"[slots, {Hkv}, capacity, {D}]", tuple(k_pool.shape))
+    expect(v_pool.shape == k_pool.shape, "v_pool", f"k_pool's shape {tuple(k_pool.shape)}", tuple(v_pool.shape))
+    for name, t in (("k_pool", k_pool), ("v_pool", v_pool)):
+        expect(t.dtype == q.dtype, name, f"{q_name}'s dtype {q.dtype}", t.dtype)
+        expect(t.device == q.device, name, f"{q_name}'s device {q.device}", t.device)
+    expect(isinstance(bounds, torch.Tensor) and bounds.dim() == 1 and bounds.shape[0] >= 2, "bounds",
+           "[requests + 1] row offsets (bounds[0] = 0, bounds[-1] = R)",
+           tuple(bounds.shape) if isinstance(bounds, torch.Tensor) else type(bounds).__name__)
+    n_req = bounds.shape[0] - 1
+    _check_index(bounds, "bounds", n_req + 1, q.device)
+    _check_index(slots, "slots", n_req, q.device)
+    _check_index(lengths, "lengths", n_req, q.device)

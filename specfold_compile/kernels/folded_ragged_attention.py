@@ -29,11 +29,11 @@ import triton.language as tl
 from . import _common
 from ._common import dot_precision, expect, interpreting, tl_dtype
 from .attention import _launch_block_kernel, _walk_prefix
-from .attention_checks import _check_block_inputs, _check_last_contig, _check_tuning
+from .attention_checks import (_check_block_inputs, _check_last_contig, _check_tuning,
+                               check_pool_and_requests)
 from .attention_launch import _check_tile_config, prefix_splits
 from .attention_tuning import AttentionTuning
 from .interpreter_bf16 import refuse_broken_bf16
-from .ragged_attention import check_pool_and_requests
 
 __all__ = ["folded_ragged_attention", "packed_prefix_states", "packed_config"]
 

@@ -36,7 +36,7 @@ import triton.language as tl
 from . import _common
 from ._common import dot_precision, expect, interpreting, tl_dtype
 from .attention import _launch_block_kernel, _position_tile, _walk_prefix
-from .attention_checks import _check_last_contig, _check_tuning
+from .attention_checks import _check_last_contig, _check_tuning, check_pool_and_requests
 from .attention_launch import _check_tile_config, prefix_splits
 from .attention_tuning import AttentionTuning
 from .interpreter_bf16 import refuse_broken_bf16
@@ -124,13 +124,6 @@ def ragged_config(rows_per_tile: int) -> tuple[int, int, int, int]:
     return min(64, max(16, triton.next_power_of_2(rows_per_tile))), 64, 4, 3
 
 
-def _check_index(t, name: str, n: int, device) -> None:
-    expect(isinstance(t, torch.Tensor), name, "an integer tensor", type(t).__name__)
-    expect(t.dtype in (torch.int32, torch.int64), name, "an int32 or int64 tensor", t.dtype)
-    expect(t.dim() == 1 and t.shape[0] == n, name, f"[{n}]", tuple(t.shape))
-    expect(t.device == device, name, f"q's device {device}", t.device)
-
-
 def _inputs_ok(q, k, v, k_pool, v_pool, bounds, slots, lengths) -> bool:
     """Every check of ``check_ragged_inputs`` at once, building no message: the launch's fast path (the
     engine launches once a layer a step). False hands over to the checks that say what is wrong."""
@@ -172,26 +165,6 @@ def _explain_bad_inputs(q, k, v, k_pool, v_pool, bounds, slots, lengths) -> None
         expect(t.device == q.device, name, f"q's device {q.device}", t.device)
     check_pool_and_requests(q, "q", k.shape[2], k_pool, v_pool, bounds, slots, lengths)
     _check_last_contig(q=q, k=k, v=v, k_pool=k_pool, v_pool=v_pool)
-
-
-def check_pool_and_requests(q, q_name: str, Hkv: int, k_pool, v_pool, bounds, slots, lengths) -> None:
-    """The pool's and the requests' checks of the ragged kernels: k_pool, v_pool [slots, Hkv, capacity, D]
-    of ``q``'s dtype and device (``q_name`` names it in the errors), bounds / slots / lengths integer [n + 1]
-    / [n] / [n] on its device (metadata only: their values stay on the device)."""
-    D = q.shape[-1]
-    expect(k_pool.dim() == 4 and k_pool.shape[1] == Hkv and k_pool.shape[-1] == D, "k_pool",
-           f"[slots, {Hkv}, capacity, {D}]", tuple(k_pool.shape))
-    expect(v_pool.shape == k_pool.shape, "v_pool", f"k_pool's shape {tuple(k_pool.shape)}", tuple(v_pool.shape))
-    for name, t in (("k_pool", k_pool), ("v_pool", v_pool)):
-        expect(t.dtype == q.dtype, name, f"{q_name}'s dtype {q.dtype}", t.dtype)
-        expect(t.device == q.device, name, f"{q_name}'s device {q.device}", t.device)
-    expect(isinstance(bounds, torch.Tensor) and bounds.dim() == 1 and bounds.shape[0] >= 2, "bounds",
-           "[requests + 1] row offsets (bounds[0] = 0, bounds[-1] = R)",
-           tuple(bounds.shape) if isinstance(bounds, torch.Tensor) else type(bounds).__name__)
-    n_req = bounds.shape[0] - 1
-    _check_index(bounds, "bounds", n_req + 1, q.device)
-    _check_index(slots, "slots", n_req, q.device)
-    _check_index(lengths, "lengths", n_req, q.device)
 
 
 def ragged_splits(R: int, B: int, q_heads: int, kv_heads: int, capacity: int, device: torch.device,
