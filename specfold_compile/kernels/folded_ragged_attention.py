@@ -17,7 +17,8 @@ request's prefix once per position. Here:
 2. ``attention.py``'s block kernel gives every position its attention over its own branch's block keys
    (``k_p, v_p`` through ``slot[n, :]``) merged with the prefix states of its origin, ``slot[n, b]``.
 
-Two launches whatever the batch; nothing is read back to the host. ``folded_ragged_attention_ref`` is the
+Two launches whatever the batch; nothing is read back to the host. Packed rows past the computed count
+(a replayed graph's fixed capacity; the gates zero them) walk nothing. ``folded_ragged_attention_ref`` is the
 pure-torch twin (the packed rows expanded through ``slot``, then ``ragged_attention_ref``).
 """
 from __future__ import annotations
@@ -60,8 +61,12 @@ def _packed_prefix_kernel(
     dd = tl.arange(0, BLOCK_D)
     dmask = dd < D
     row64 = row.to(tl.int64)
+    flat = tl.load(rows_ptr + row64, mask=mvalid, other=0)
+    # a packed row past the first holding flat position 0 is padding (the first request's main position is
+    # always computed, so packed first): no state, nothing walked
+    mvalid = mvalid & ((row == 0) | (flat != 0))
     # each packed row's request: how many requests' rows end at or before its row n = rows[p] // B
-    n = tl.load(rows_ptr + row64, mask=mvalid, other=0) // B
+    n = flat // B
     rr = tl.arange(0, BLOCK_REQ)
     rvalid = rr < NREQ
     ends = tl.load(bounds_ptr + 1 + rr, mask=rvalid, other=0)
@@ -153,8 +158,9 @@ def folded_ragged_attention(q_p: torch.Tensor, k_p: torch.Tensor, v_p: torch.Ten
     """Every position's verification attention from the packed rows (module docstring).
 
     q_p [P, Hq, D], k_p, v_p [P, Hkv, D] (last dim contiguous): the computed positions' q, k, v; rows int
-    [P]: packed row ``p``'s flat position ``n * B + b`` (rows past the computed count may hold any
-    position: their states are computed and not read); slot int64 [R, B]: the packed row each position
+    [P]: packed row ``p``'s flat position ``n * B + b``, the computed positions first (position 0, the first
+    request's main one, is always computed, and packed first) and then zeros (padding up to a fixed
+    capacity, as the gates leave it: skipped, no state written); slot int64 [R, B]: the packed row each position
     reads (its origin, a position of the same request); k_pool, v_pool [S, Hkv, C, D], bounds int [n + 1],
     slots int [n], lengths int [n]: as ``ragged_attention``. Returns [R, B, Hq, D] in q_p.dtype, equal to
     ``ragged_attention(q_p[slot], k_p[slot], v_p[slot], ...)`` up to float rounding.
