@@ -20,12 +20,12 @@ import torch
 from torch import Tensor
 
 from .kernels.attention_ref import branch_attention_ref
-from .kernels.gate_ref import FoldChains, chain_depth, fold_test
+from .kernels.gate_ref import FoldChains, chain_depth, fold_test, safe_parents
 from .models.transformer import BlockDiffusionLM, PositionTables, PrefixCache
 
 __all__ = ["folded_verify", "check_tau", "gate_count", "FoldGates", "folded_layers", "packed_tables", "GATES",
            "chain_depth", "FoldChains", "fold_test", "packed_qkv", "attn_residual", "packed_mlp", "FOLDED_PIECES",
-           "packed_qkv_rows", "PACKED_ATTENTION_PIECES"]
+           "packed_qkv_rows", "PACKED_ATTENTION_PIECES", "safe_parents"]
 
 GATES = ("layer", "sublayer")
 

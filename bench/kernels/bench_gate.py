@@ -103,7 +103,7 @@ def serving_gates(args, models, block, ns) -> list[dict]:
                 return gates[path](h)
 
             outs = {path: call(path) + (gates[path].masks[0],) for path in gates}
-            parent = gates["kernel"].chains.parent
+            parent = gates["kernel"].parent
             mism = sum(int((a != b).sum()) for a, b in zip(outs["kernel"], outs["tensor_ops"]))
             rows.append(dict(model=mname, requests=q, N=n, rows=r_pad, B=block, C=m["hidden"],
                              engine_takes_kernel=r_pad * block <= capacity_gates.KERNEL_TILE_MAX, mismatches=mism,

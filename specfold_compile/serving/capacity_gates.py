@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from .. import ops
-from ..reference import FoldChains, fold_test
+from ..reference import FoldChains, fold_test, safe_parents
 
 __all__ = ["CapacityGates", "check_gate_kernel", "KERNEL_TILE_MAX"]
 
@@ -56,17 +56,21 @@ class CapacityGates:
 
     def __init__(self, parents: Tensor, block: int, depth: int, tau: Tensor, capacity: tuple[int, ...],
                  pad_rows: Tensor, forced: Tensor | None, resolve_kernel: bool = False, test=fold_test):
-        self.chains = FoldChains(parents, block, depth)
         self.test = test
         self.parents = parents
         self.resolve_kernel = resolve_kernel and parents.numel() * block <= KERNEL_TILE_MAX
+        # The tensor ops resolve through the whole chains; the kernel resolves from the parents itself, so
+        # there only a gated gate's fold test needs anything made here: each row's parent row.
+        self.chains = None if self.resolve_kernel else FoldChains(parents, block, depth)
+        self.parent = (self.chains.parent if self.chains is not None
+                       else None if forced is not None else safe_parents(parents))
         self.tau, self.capacity, self.pad_rows, self.forced = tau, capacity, pad_rows, forced
         self.masks: list[Tensor] = []
         self.overflow = torch.zeros((), dtype=torch.bool, device=parents.device)
 
     def __call__(self, h: Tensor) -> tuple[Tensor, Tensor]:
         if self.forced is None:
-            fold = self.test(h, self.chains.parent, self.tau)
+            fold = self.test(h, self.parent, self.tau)
             if not self.resolve_kernel:  # (the kernel clears the rows of no valid parent itself)
                 fold = fold & self.chains.valid[:, None]
         else:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from specfold_compile import kernels, ops
+from specfold_compile.kernels.gate_ref import safe_parents
 from specfold_compile.reference import fold_test
 from specfold_compile.serving import Engine, RequestParams
 from specfold_compile.serving.capacity_gates import KERNEL_TILE_MAX, CapacityGates, check_gate_kernel
@@ -88,7 +89,9 @@ class _TensorOps(TorchDispatchMode):
 def test_kernel_gate_is_one_launch(forced, monkeypatch):
     """With the kernel a forced gate issues nothing but its resolve launch (the padding's folds, the
     capacity's clamp and the overflow flag inside it), a gated one only its flags' ops besides (the rows of
-    no valid parent cleared by the launch too)."""
+    no valid parent cleared by the launch too); making the gates of a forward issues only its overflow
+    flag for forced masks, and the safe parents' ops besides for gated ones (no fold chains: the kernel
+    needs none)."""
     parents, pad_rows = _batch([3, 2], 2, seed=3)
     h = torch.randn(len(parents), 4, 8)
     masks = torch.rand(1, len(parents), 4) < 0.5 if forced else None
@@ -101,10 +104,16 @@ def test_kernel_gate_is_one_launch(forced, monkeypatch):
         finally:
             mode.paused = False
     monkeypatch.setattr(ops, "resolve_folds_packed", launch)
-    gates = CapacityGates(parents, 4, 2, torch.tensor(0.3), (9,), pad_rows, masks, True)
-    flag_ops = _TensorOps()
+    made, parent_ops, tau = _TensorOps(), _TensorOps(), torch.tensor(0.3)
+    with made:
+        gates = CapacityGates(parents, 4, 2, tau, (9,), pad_rows, masks, True)
+    with parent_ops:
+        safe_parents(parents)
+    overflow_flag = ["aten.zeros.default"]  # the forward's one overflow flag
+    assert gates.chains is None and sorted(made.ops) == sorted(overflow_flag + ([] if forced else parent_ops.ops))
+    flag_ops, parent = _TensorOps(), safe_parents(parents)
     with flag_ops:
-        fold_test(h, gates.chains.parent, gates.tau)
+        fold_test(h, parent, gates.tau)
     with mode:
         gates(h)
     assert mode.ops == ([] if forced else flag_ops.ops) and (forced or mode.ops)
