@@ -177,3 +177,18 @@ def test_rows_at_several_draft_budgets_plot_and_report_by_budget(tmp_path):
         assert sf_cell == f"{sf['tokens_per_s']:.0f} ({sf.get('draft_budget', 16)})"
         assert ratio == f"{pick['specfold']['tokens_per_s'] / pick['spiffy_compiled']['tokens_per_s']:.2f}x |"
     assert len(best) == 2
+
+
+def test_packed_attention_rows_are_their_own_series():
+    """A replayed SpecFold row with ``packed_attention`` (``bench.batched --packed-attention on``) is a series
+    and a point of its own, named in the headline's column; one without the key (older runs) is not."""
+    from bench.plot import _point, serving_series
+    from bench.report_batched import render_batched_headline
+
+    row = {"model": "m", "concurrency": 4, "mode": "specfold_compiled", "attention": "ragged", "cuda_graphs": True,
+           "tokens_per_s": 100.0, "p50_latency_ms": 1.0, "p99_latency_ms": 2.0, "trace_driven": True}
+    packed = {**row, "packed_attention": True}
+    assert serving_series(packed) == serving_series(row) + "+packed attention"
+    assert serving_series({**row, "packed_attention": False}) == serving_series(row)
+    assert _point(packed) != _point(row) and _point({**row, "packed_attention": False}) == _point(row)
+    assert "attention over the packed rows (tokens/s)" in render_batched_headline({"rows": [packed]})[0]
