@@ -53,11 +53,12 @@ def test_the_packed_attention_gives_the_ragged_paths_logits(family, gate, packed
 
 @pytest.mark.skipif(not ops.triton_runs(torch.device("cpu")) and not torch.cuda.is_available(),
                     reason="the gates' and attention's kernels need Triton (TRITON_INTERPRET=1 on the CPU)")
-def test_an_engine_with_the_packed_attention_decodes_alike(packed_calls):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_engine_with_the_packed_attention_decodes_alike(family, packed_calls):
     """Replayed (eagerly, the CPU's path) with and without it: the same tokens and fold masks, some
     positions folded, the packed attention run in every folded forward's layers (its packed rows padded
-    to each graph's capacity)."""
-    model = tiny_model(FAMILIES[0])
+    to each graph's capacity), both families."""
+    model = tiny_model(family)
     runs = []
     for packed_attention in (True, False):
         graphs = BatchGraphs(model, 2, 64, "eager", min_packed=0, capacity_spread=0,
