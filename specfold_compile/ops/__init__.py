@@ -119,9 +119,9 @@ def _ragged_attention_fake(q, k, v, k_pool, v_pool, bounds, slots, lengths, scal
 def folded_ragged_attention(q_p: Tensor, k_p: Tensor, v_p: Tensor, rows: Tensor, slot: Tensor, k_pool: Tensor,
                             v_pool: Tensor, bounds: Tensor, slots: Tensor, lengths: Tensor, scale: float) -> Tensor:
     """``ragged_attention`` of a folded forward, read from its packed rows: q_p [P, Hq, D], k_p, v_p
-    [P, Hkv, D] the computed positions' q, k, v (``rows`` [P]: each one's flat position ``n * B + b``, zeros
-    past the computed count, as the gates pack them),
-    ``slot`` [R, B] the packed row every position takes (its origin's); the rest as ``ragged_attention``.
+    [P, Hkv, D] the computed positions' q, k, v (``rows`` [P]: each one's flat position ``n * B + b``,
+    zeros past the computed count, as the gates pack them), ``slot`` [R, B] the packed row every position
+    takes (its origin's); the rest as ``ragged_attention``.
     Returns [R, B, Hq, D], ``ragged_attention(q_p[slot], k_p[slot], v_p[slot], ...)`` up to rounding:
     each packed row's prefix is walked once (a folded position's prefix state is its origin's), then every
     position's own branch block is merged in (``kernels/folded_ragged_attention.py``; two launches).

@@ -6,8 +6,9 @@ the parts that see one position at a time. ``compiled_model(model, backend)`` gi
 whose ``layers`` run those methods compiled with dynamic shapes (``dynamic=True``: the row count changes
 every step, and with dynamic shapes one graph serves every count and every layer); attention (the
 ragged kernel or ``ops.branch_attention``), the embedding, the final norm and the LM head stay as they
-are. A folded forward runs ``reference.FOLDED_PIECES`` compiled the same way (``folded_pieces``). Inductor fuses each piece's pointwise ops (RMSNorm, RoPE, SiLU-and-multiply) around the GEMMs,
-which eagerly are a launch each.
+are. A folded forward runs ``reference.FOLDED_PIECES`` compiled the same way (``folded_pieces``).
+Inductor fuses each piece's pointwise ops (RMSNorm, RoPE, SiLU-and-multiply) around the GEMMs, which
+eagerly are a launch each.
 
 The view changes nothing in ``model``: its parameters, modules and methods are the model's own (a
 ``ModelView`` forwards every attribute but ``layers`` to it), so the same model can serve a compiled
@@ -23,8 +24,7 @@ import functools
 import torch
 
 from ..models.layers import PositionTables
-from ..reference import (FOLDED_PIECES, PACKED_ATTENTION_PIECES, attn_residual, fold_test, packed_mlp, packed_qkv,
-                         packed_qkv_rows)
+from ..reference import FOLDED_PIECES, PACKED_ATTENTION_PIECES, fold_test
 
 __all__ = ["POSITION_WISE", "ModelView", "compiled_model", "check_compile_layers", "base_model", "folded_pieces",
            "gate_test"]
@@ -79,21 +79,20 @@ def compiled_model(model, backend: str | None):
     return model if backend is None else ModelView(model, backend)
 
 
-def _qkv_of_tensors(layer, h, rows, slot, cos, sin, q_scale):
-    """``packed_qkv`` with the tables' tensors as arguments of their own: ``dynamic=True`` makes them
-    dynamic from the first compile (a dataclass's tensors would take one recompile)."""
-    return packed_qkv(layer, h, rows, slot, PositionTables(cos, sin, q_scale))
-
-
-def _qkv_rows_of_tensors(layer, h, rows, slot, cos, sin, q_scale):
-    """``packed_qkv_rows`` likewise."""
-    return packed_qkv_rows(layer, h, rows, slot, PositionTables(cos, sin, q_scale))
+@functools.cache
+def _qkv_of_tensors(piece):
+    """The qkv ``piece`` (``packed_qkv`` or ``packed_qkv_rows``) with the tables' tensors as arguments of
+    their own: ``dynamic=True`` makes them dynamic from the first compile (a dataclass's tensors would take
+    one recompile). One function a piece, so its compile is shared too."""
+    def qkv(layer, h, rows, slot, cos, sin, q_scale):
+        return piece(layer, h, rows, slot, PositionTables(cos, sin, q_scale))
+    return qkv
 
 
 @functools.cache
 def _compiled_pieces(backend: str, packed_attention: bool):
-    qkv_fn = _qkv_rows_of_tensors if packed_attention else _qkv_of_tensors
-    qkv, attn_out, mlp = (_compiled(fn, backend) for fn in (qkv_fn, attn_residual, packed_mlp))
+    qkv_piece, attn_out, mlp = PACKED_ATTENTION_PIECES if packed_attention else FOLDED_PIECES
+    qkv, attn_out, mlp = (_compiled(fn, backend) for fn in (_qkv_of_tensors(qkv_piece), attn_out, mlp))
 
     def packed_qkv_compiled(layer, h, rows, slot, tables):
         return qkv(layer, h, rows, slot, tables.cos, tables.sin, tables.q_scale)
