@@ -23,6 +23,8 @@ pure-torch twin (the packed rows expanded through ``slot``, then ``ragged_attent
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -150,6 +152,17 @@ def packed_prefix_states(q_p: torch.Tensor, rows: torch.Tensor, B: int, k_pool: 
     return o, lse
 
 
+@functools.lru_cache(maxsize=4096)
+def _splits(P: int, Hq: int, Hkv: int, positions: int, capacity: int, block_m: int, block_p: int,
+            device: torch.device, tuning: AttentionTuning, interpreted: bool) -> int:
+    """The prefix split count of ``P`` packed rows in tiles of ``block_m`` (row, query head) pairs over a
+    pool of ``capacity`` keys, ``positions`` positions merging the states (``attention_launch.prefix_splits``;
+    shapes only), kept per shape: a launched engine asks once a layer a step (``interpreted`` keys the cache
+    by what ``prefix_splits`` reads)."""
+    programs = triton.cdiv(P * (Hq // Hkv), block_m) * Hkv
+    return prefix_splits(programs, capacity, block_p, device, positions * Hq, tuning=tuning)
+
+
 def folded_ragged_attention(q_p: torch.Tensor, k_p: torch.Tensor, v_p: torch.Tensor, rows: torch.Tensor,
                             slot: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, bounds: torch.Tensor,
                             slots: torch.Tensor, lengths: torch.Tensor, scale: float, splits: int | None = None,
@@ -178,11 +191,9 @@ def folded_ragged_attention(q_p: torch.Tensor, k_p: torch.Tensor, v_p: torch.Ten
     P, Hq, _ = q_p.shape
     Hkv = k_p.shape[1]
     if splits is None:
-        splits = 1
-        if tuning is not None:
-            block_m, block_p = (packed_config() if config is None else config)[:2]
-            programs = triton.cdiv(P * (Hq // Hkv), block_m) * Hkv
-            splits = prefix_splits(programs, k_pool.shape[2], block_p, q_p.device, slot.numel() * Hq, tuning=tuning)
+        block_m, block_p = (packed_config() if config is None else config)[:2]
+        splits = 1 if tuning is None else _splits(P, Hq, Hkv, slot.numel(), k_pool.shape[2], block_m, block_p,
+                                                  q_p.device, tuning, interpreting())
     states = packed_prefix_states(q_p, rows, int(slot.shape[1]), k_pool, v_pool, bounds, slots, lengths, scale,
                                   splits, config)
     return _launch_block_kernel(q_p, k_p, v_p, slot, scale, states=states)
