@@ -100,6 +100,22 @@ def test_splits_from_the_tuning_off_the_gpu():
                                folded_ragged_attention(*args, 0.3, splits=1), rtol=0, atol=0)
 
 
+def test_op_falls_back_to_the_twin(monkeypatch):
+    """Off the GPU and outside the interpreter ``ops.folded_ragged_attention`` runs the pure-torch twin: the
+    same values as the kernel."""
+    from specfold_compile import ops
+
+    args = problem([2, 0, 1], 4, 2, 2, 8, 5, [0, 5, 3], torch.float32, torch.Generator().manual_seed(5), pad=2)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    fallback = ops.folded_ragged_attention(*args, 0.3)
+    monkeypatch.undo()
+    if DEVICE == "cpu":
+        torch.testing.assert_close(fallback, folded_ragged_attention_ref(*args, 0.3), rtol=0, atol=0)
+    torch.testing.assert_close(fallback, folded_ragged_attention(*args, 0.3), **tol(torch.float32))
+    torch.testing.assert_close(ops.folded_ragged_attention(*args, 0.3), folded_ragged_attention(*args, 0.3),
+                               rtol=0, atol=0)
+
+
 def _good():
     return list(problem([1, 2], 3, 2, 2, 8, 4, [1, 2], torch.float32, torch.Generator().manual_seed(1), pad=1))
 
