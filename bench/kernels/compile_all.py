@@ -3,12 +3,12 @@
 The CPU tests run the kernels under Triton's interpreter, which never lowers them for a GPU, knows none of
 its limits, and makes the launchers pick their interpreter tile configs. This check calls each launcher as
 it runs on a GPU (its GPU tile configs, every config of the packed linear's autotuner) at the real model
-shapes (``_common.MODELS``; blocks of 32, 1 to 33 branches, prefixes of 512 and 2048 keys, 1 to 64
-requests) on tensors of the meta device, with every launch recorded instead of run. It then compiles each
-distinct launch for a CUDA target (default sm_90: H100, H200) through Triton's own pipeline, down to a
-cubin by the ptxas that ships with Triton, and checks its shared memory against the target's per-block
-limit. One row a distinct launch (kernel, its constexprs, warps, stages, shared bytes, compile seconds);
-exits non-zero when a launch does not compile or does not fit.
+shapes (``_common.MODELS``: Fast-dLLM v2 1.5B and 7B; blocks of 32, 1 to 33 branches, prefixes of 512 and
+2048 keys, 1 to 64 requests) on tensors of the meta device, with every launch recorded instead of run. It
+then compiles each distinct launch for a CUDA target (default sm_90: H100, H200) through Triton's own
+pipeline, down to a cubin by the ptxas that ships with Triton, and checks its shared memory against the
+target's per-block limit. One row a distinct launch (kernel, its constexprs, warps, stages, shared bytes,
+compile seconds); exits non-zero when a launch does not compile or does not fit.
 
     PYTHONPATH=. python bench/kernels/compile_all.py [--arch 90] [--models fastdllm-7b] [--shared-limit BYTES]
         [--out FILE.json]
@@ -24,8 +24,8 @@ import os
 os.environ["TRITON_INTERPRET"] = "0"  # before triton is imported: @triton.jit reads it at decoration time
 
 import argparse  # noqa: E402
-import importlib  # noqa: E402
 import contextlib  # noqa: E402
+import importlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
@@ -39,6 +39,7 @@ from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
 from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
+from bench.kernels._common import BLOCK, MODELS  # noqa: E402  (the interpreter stays off: set to 0 above)
 from specfold_compile.kernels import (block_attention, branch_attention, fold_gate, fold_gate_from_flags,  # noqa: E402
                                       folded_ragged_attention, one_pass_attention, packed_linear,
                                       prefix_attention_states, ragged_attention, resolve_folds, silu_mul)
@@ -49,11 +50,6 @@ packed_linear_module = importlib.import_module("specfold_compile.kernels.packed_
 
 # shared memory a block may use (bytes, opt-in maximum): sm_80 A100, sm_89 L4 / RTX 40, sm_90 H100 / H200
 SHARED_LIMIT = {80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
-MODELS = {  # as bench/kernels/_common.py, which this process must not import (it turns the interpreter on)
-    "fastdllm-1.5b": dict(hidden=1536, hq=12, hkv=2, d=128, ffn=8960),
-    "fastdllm-7b": dict(hidden=3584, hq=28, hkv=4, d=128, ffn=18944),
-}
-BLOCK = 32
 
 
 @contextlib.contextmanager
