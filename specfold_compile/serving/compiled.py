@@ -26,8 +26,8 @@ import torch
 from ..models.layers import PositionTables
 from ..reference import FOLDED_PIECES, PACKED_ATTENTION_PIECES, fold_test
 
-__all__ = ["POSITION_WISE", "ModelView", "compiled_model", "check_compile_layers", "base_model", "folded_pieces",
-           "gate_test"]
+__all__ = ["POSITION_WISE", "ModelView", "compiled_model", "check_compile_layers", "check_packed_attention",
+           "base_model", "folded_pieces", "gate_test"]
 
 POSITION_WISE = ("qkv", "attn_out", "mlp_out")  # DecoderLayer's pieces the passes run over all rows at once
 
@@ -43,6 +43,16 @@ def check_compile_layers(value) -> str | None:
         return value
     raise ValueError(f"compile_layers: expected False, True (Inductor) or a torch.compile backend name "
                      f"(torch._dynamo.list_backends()), got {value!r}")
+
+
+def check_packed_attention(value, attention: str = "ragged") -> bool:
+    """``packed_attention``: True or False, True only over the ragged attention (``folded_pieces``'
+    packed q, k, v go to ``ops.folded_ragged_attention``); a one-line error naming the argument otherwise."""
+    if not isinstance(value, bool):
+        raise ValueError(f"packed_attention: expected True or False, got {value!r}")
+    if value and attention != "ragged":
+        raise ValueError(f"packed_attention: True needs attention='ragged', got attention={attention!r}")
+    return value
 
 
 @functools.cache

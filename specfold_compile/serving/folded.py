@@ -31,7 +31,7 @@ from .. import ops
 from ..models.checks import validate_parents
 from ..models.layers import PositionTables
 from ..reference import FoldGates, chain_depth, check_gate, folded_layers, gate_count
-from .compiled import folded_pieces
+from .compiled import check_packed_attention, folded_pieces
 from .forward import _row_tables, attend_requests, request_logits, request_rows
 from .pool import KVPool
 
@@ -109,10 +109,7 @@ def verify_batch_folded(model, pool: KVPool, slots: list[int], rows: list[Tensor
     """
     _check_lists(slots, rows, parents, logit_positions, fold_masks)
     check_gate(gate)
-    if not isinstance(packed_attention, bool):
-        raise ValueError(f"packed_attention: expected True or False, got {packed_attention!r}")
-    if packed_attention and attention != "ragged":
-        raise ValueError(f"packed_attention: True needs attention='ragged', got attention={attention!r}")
+    check_packed_attention(packed_attention, attention)
     counts = [int(r.shape[0]) for r in rows]
     block = int(rows[0].shape[1])
     tokens = torch.cat(rows)

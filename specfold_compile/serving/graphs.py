@@ -62,7 +62,8 @@ from ..decoding.graph_capture import capture_call
 from ..models.layers import PositionTables
 from ..reference import chain_depth, check_gate, folded_layers, gate_count
 from .capacity_gates import CapacityGates, check_gate_kernel
-from .compiled import base_model, check_compile_layers, compiled_model, folded_pieces, gate_test
+from .compiled import (base_model, check_compile_layers, check_packed_attention, compiled_model, folded_pieces,
+                       gate_test)
 from .forward import row_bounds
 from .pool import KVPool
 
@@ -185,9 +186,7 @@ class BatchGraphs:
                              f"spread / sqrt(draft rows)), got {capacity_spread!r}")
         self.compile_layers = check_compile_layers(compile_layers)
         self.gate_kernel = check_gate_kernel(gate_kernel, next(model.parameters()).device)
-        if not isinstance(packed_attention, bool):
-            raise ValueError(f"packed_attention: expected True or False, got {packed_attention!r}")
-        self.packed_attention = packed_attention
+        self.packed_attention = check_packed_attention(packed_attention)
         self.model = compiled_model(model, self.compile_layers)
         self.replay, self.gate, self.min_packed = replay, gate, min_packed
         self.capacity_spread = float(capacity_spread)
